@@ -1,0 +1,148 @@
+"""Structured configs: the shared top-level schema and checks that run before anything is traced.
+
+* `TrainConfig` (registered in hydra's ConfigStore as `base_config`, first in configs/config.yaml's
+  defaults) types the keys every agent and env share, so hydra rejects `seeds=abc` at compose time.
+* Each agent module defines a `Config` dataclass and each env source an `EnvConfig` dataclass;
+  `agent_config(cfg.agent)` / `env_config(cfg.env)` turn the yaml section into that dataclass, rejecting
+  unknown keys, wrong types and bad values (in the dataclass's `__post_init__`) with a `ConfigError`
+  naming the section.
+* `validate(cfg)` runs all of these; scripts call it before building anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+WANDB_MODES = ("offline", "online", "disabled")
+ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.sebulba"}
+# Keys that may differ between a run and its resumption (they do not change what is computed).
+RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes")
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names it."""
+
+
+@dataclasses.dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline (default: no login, no network) | online | disabled
+    project: str = "jaxrl"
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class LoggerConfig:
+    wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+    progress: bool = True  # live progress bar on the console
+    plot: bool = True  # learning-curve PNG in the run dir at the end
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    interval: int = 0  # env steps between checkpoints; 0 = only at the end
+    keep: int = 2  # most recent checkpoints kept
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    agent: Any = MISSING
+    env: Any = MISSING
+    logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    seed: int = 0
+    seeds: int = 1  # seeds trained together, vmapped in one program
+    total_steps: int = 500_000  # env steps per seed (summed over envs)
+    num_envs: int = 10
+    log_interval: int = 10_000  # env steps between host-side logs (one compiled chunk)
+    eval_episodes: int = 10  # greedy episodes per seed at the end
+    resume: str | None = None  # a run dir to resume from
+
+
+ConfigStore.instance().store(name="base_config", node=TrainConfig)
+
+
+def to_dataclass(cls: type, section: Any, where: str):
+    """`section` (DictConfig/dict/dataclass) as an instance of `cls`, or a `ConfigError` naming `where`."""
+    if isinstance(section, cls):
+        return section
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cls), section)
+        return OmegaConf.to_object(merged)
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise ConfigError(f"bad config in `{where}`: {e}") from None
+
+
+def _section_name(section: Any, key: str) -> Any:
+    if isinstance(section, (dict, DictConfig)):
+        return section.get(key)
+    return getattr(section, key, None)
+
+
+def agent_config(section: Any):
+    """The agent section as its module's `Config` dataclass (`agents.<name>.Config`)."""
+    from agents import available_agents
+
+    name = _section_name(section, "name")
+    if name not in available_agents():
+        raise ConfigError(f"agent.name={name!r} is not an agent; available: {available_agents()}")
+    return to_dataclass(importlib.import_module(f"agents.{name}").Config, section, "agent")
+
+
+def env_config(section: Any):
+    """The env section as its source's `EnvConfig` dataclass (chosen by `env.source`)."""
+    source = _section_name(section, "source")
+    if source not in ENV_SOURCES:
+        raise ConfigError(f"env.source={source!r} is not an env source; available: {sorted(ENV_SOURCES)}")
+    return to_dataclass(importlib.import_module(ENV_SOURCES[source]).EnvConfig, section, "env")
+
+
+def _positive(cfg: DictConfig, key: str, minimum: int = 1) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"`{key}` must be an integer >= {minimum}, got {value!r}")
+
+
+def validate(cfg: DictConfig) -> tuple[Any, Any]:
+    """Check the whole config before anything is built; returns `(agent_config, env_config)`."""
+    for key in ("seeds", "total_steps", "num_envs", "log_interval"):
+        _positive(cfg, key)
+    for key in ("seed", "eval_episodes", "checkpoint.interval"):
+        _positive(cfg, key, minimum=0)
+    _positive(cfg, "checkpoint.keep")
+    mode = OmegaConf.select(cfg, "logger.wandb.mode")
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"`logger.wandb.mode` must be one of {WANDB_MODES}, got {mode!r}")
+    return agent_config(cfg.agent), env_config(cfg.env)
+
+
+def _without(container: dict, keys: tuple[str, ...]) -> dict:
+    return {k: v for k, v in container.items() if k not in keys}
+
+
+def check_resumable(saved: dict, cfg: DictConfig) -> None:
+    """Raise a `ConfigError` listing the keys where `cfg` differs from the saved run's config (other than
+    `RESUME_FREE_KEYS`, which may change on resume)."""
+    now = _without(OmegaConf.to_container(cfg, resolve=True), RESUME_FREE_KEYS)
+    before = _without(dict(saved), RESUME_FREE_KEYS)
+    diffs = []
+
+    def walk(a, b, prefix):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{prefix}{k}.")
+        elif a != b:
+            diffs.append(f"{prefix[:-1]}: saved {a!r}, now {b!r}")
+
+    walk(before, now, "")
+    if diffs:
+        raise ConfigError("cannot resume: the config differs from the saved run's:\n  " + "\n  ".join(diffs))
