@@ -1,0 +1,147 @@
+"""Per-env rows for asynchronous envs (envpool async): one circular time axis per env.
+
+Storage is `data [E, T, ...]` (E = num_envs, T = capacity_per_env). Each row has its own head: absolute
+step `a` of env `e` (the a-th step ever written to that row, from 0) lives at `data[e, a % T]`, so a row
+holds its last `min(written[e], T)` steps. `add(state, steps, env_ids)` writes step i to row
+`env_ids[i]` at that row's head; rows advance independently, any subset of envs in any order.
+
+`online_start [E]` is a second pointer over the same rows (the absolute step where the not-yet-consumed
+online queue begins); `buffers/sequences.py` samples from it.
+
+env_ids are traced values, so their range and distinctness cannot be checked at trace time: with
+`debug=True` the buffers add `checkify` checks, which raise when called eagerly and are reported by
+`jax.experimental.checkify.checkify(fn)` under jit. Without `debug`, out-of-range ids are dropped and
+duplicated ids write one of the duplicates (unspecified which) while the row advances once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.experimental import checkify
+
+from buffers import checks
+
+
+@struct.dataclass
+class RowState:
+    data: Any  # pytree, every leaf [E, T, *leaf_shape]
+    written: jax.Array  # [E] int32: total steps ever written to each row
+    online_start: jax.Array  # [E] int32: absolute step where the unconsumed online queue begins
+
+
+def init_rows(prototype, num_envs: int, capacity_per_env: int) -> RowState:
+    """Zero storage `[E, T, ...]` for every leaf of `prototype` (a tree of ShapeDtypeStructs)."""
+    return RowState(
+        data=checks.zeros_like_storage(prototype, (num_envs, capacity_per_env)),
+        written=jnp.zeros((num_envs,), jnp.int32),
+        online_start=jnp.zeros((num_envs,), jnp.int32),
+    )
+
+
+def check_env_ids(env_ids: jax.Array, mask: jax.Array, num_envs: int, distinct: bool = True,
+                  what: str = "env_ids") -> None:
+    """`checkify` checks: unmasked env_ids ([N], mask [N]) in [0, num_envs) and, if `distinct`, pairwise distinct."""
+    in_range = (env_ids >= 0) & (env_ids < num_envs)
+    checkify.check(
+        jnp.all(in_range | ~mask),
+        f"{what} out of range [0, {num_envs}): {{ids}}",
+        ids=env_ids,
+    )
+    if distinct and env_ids.shape[0] > 1:
+        # Masked entries get distinct negative keys so only unmasked ids can collide.
+        keys = jnp.where(mask, env_ids, -1 - jnp.arange(env_ids.shape[0], dtype=env_ids.dtype))
+        s = jnp.sort(keys)
+        checkify.check(
+            jnp.all(s[1:] != s[:-1]),
+            f"{what} must be distinct within one add (one step per env per call): {{ids}}",
+            ids=env_ids,
+        )
+
+
+def prepare_add(prototype, steps, env_ids, mask, what: str = "steps"):
+    """Trace-time checks of an add; returns `(steps cast to the prototype dtypes, env_ids int32, mask bool)`."""
+    checks.check_index_array("env_ids", env_ids)
+    n = env_ids.shape[0]
+    checks.check_items(prototype, steps, (n,), what=what)
+    if mask is None:
+        mask = jnp.ones((n,), bool)
+    else:
+        if tuple(jnp.shape(mask)) != (n,):
+            raise checks.BufferInputError(f"mask: expected shape ({n},), received {tuple(jnp.shape(mask))}")
+        if jnp.result_type(mask) != jnp.bool_:
+            raise checks.BufferInputError(f"mask: expected dtype bool, received {jnp.result_type(mask)}")
+    return checks.cast_like(prototype, steps), jnp.asarray(env_ids, jnp.int32), jnp.asarray(mask, bool)
+
+
+def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
+    """Write `steps [N, ...]` at each row's head; masked-out entries write nothing.
+
+    Returns `(rows, abs_steps [N] int32, row_index [N] int32)`: the absolute step each entry was written
+    as, and its row (`E`, an out-of-range index that scatters drop, where masked out).
+    """
+    num_envs, cap = rows.written.shape[0], jax.tree_util.tree_leaves(rows.data)[0].shape[1]
+    row = jnp.where(mask, env_ids, num_envs)
+    abs_steps = rows.written[jnp.clip(env_ids, 0, num_envs - 1)]
+    pos = abs_steps % cap
+    data = jax.tree_util.tree_map(lambda s, x: s.at[row, pos].set(x, mode="drop"), rows.data, steps)
+    written = rows.written.at[row].add(1, mode="drop")
+    return rows.replace(data=data, written=written), abs_steps, row
+
+
+def peek(rows: RowState, env_ids: jax.Array):
+    """Latest step of each env in `env_ids [N]` -> tree of `[N, ...]` (zeros for a row never written)."""
+    cap = jax.tree_util.tree_leaves(rows.data)[0].shape[1]
+    pos = (rows.written[env_ids] - 1) % cap
+    return jax.tree_util.tree_map(lambda s: s[env_ids, pos], rows.data)
+
+
+def gather(rows: RowState, env_ids: jax.Array, positions: jax.Array):
+    """`data[env_ids[:, None], positions]` for every leaf: `env_ids [B]`, `positions [B, K]` -> `[B, K, ...]`."""
+    return jax.tree_util.tree_map(lambda s: s[env_ids[:, None], positions], rows.data)
+
+
+def stored_steps(rows: RowState, capacity_per_env: int) -> jax.Array:
+    """Number of steps held over all rows (scalar int32)."""
+    return jnp.sum(jnp.minimum(rows.written, capacity_per_env))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBuffer:
+    """Per-env rows only (no sampling): `init`, `add`, `peek`, `size`. See the module docstring."""
+
+    num_envs: int
+    capacity_per_env: int
+    debug: bool = False
+
+    def init(self, prototype) -> RowState:
+        return init_rows(checks.as_prototype(prototype), self.num_envs, self.capacity_per_env)
+
+    def add(self, state: RowState, steps, env_ids, mask=None) -> RowState:
+        """Write `steps [N, ...]` to rows `env_ids [N]` (distinct), skipping entries where `mask [N]` is False."""
+        proto = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.data)
+        steps, env_ids, mask = prepare_add(proto, steps, env_ids, mask)
+        if self.debug:
+            check_env_ids(env_ids, mask, self.num_envs)
+        state, _, _ = write(state, steps, env_ids, mask)
+        return state
+
+    def peek(self, state: RowState, env_ids) -> Any:
+        env_ids = jnp.asarray(env_ids, jnp.int32)
+        if self.debug:
+            check_env_ids(env_ids, jnp.ones(env_ids.shape, bool), self.num_envs, distinct=False)
+        return peek(state, env_ids)
+
+    def size(self, state: RowState) -> jax.Array:
+        return stored_steps(state, self.capacity_per_env)
+
+
+def make_row_buffer(num_envs: int, capacity_per_env: int, debug: bool = False) -> RowBuffer:
+    """Rows `[num_envs, capacity_per_env, ...]` written per env (envpool async)."""
+    if num_envs < 1 or capacity_per_env < 1:
+        raise ValueError(f"need num_envs >= 1 and capacity_per_env >= 1, got {num_envs=} {capacity_per_env=}")
+    return RowBuffer(num_envs=num_envs, capacity_per_env=capacity_per_env, debug=debug)

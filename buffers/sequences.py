@@ -1,0 +1,360 @@
+"""Sequences of length L sampled from per-env rows, with episode awareness, priorities and an online queue.
+
+Storage and writes are those of `buffers/rows.py`: `data [E, T, ...]`, step `a` of env `e` at `[e, a % T]`.
+A *start slot* is `(env, pos)`, flat index `slot = env * T + pos`; it stands for the newest absolute step
+`a` of that row with `a % T == pos`.
+
+* `remaining(slot)`: valid steps of the sequence starting there, capped at L, at the row's newest step and,
+  unless `cross_episodes`, just after the first step whose `done_fn(step)` is True.
+* Eligible starts: `a % period == 0`; with `start="episode"` only where the previous step had done (or
+  `a == 0`); with `complete_only` only where `remaining == L` or its last valid step has done.
+* Weight of a slot: `eligible * remaining ** length_power * priority ** alpha` (the priority factor only
+  when `priority_exponent` is not None; new slots get the largest priority set so far, 1 at first).
+
+Weights live in a sum tree over `E*T` slots (plus one always-zero dummy leaf that absorbs masked-out
+writes). Adding one step changes the weight of at most the L slots whose window ends at it (the newest of
+which is the slot it overwrites), so `add` refreshes only those (only the period-aligned ones and the
+overwritten one when `period > 1`): O(N * L) plus O(N * ceil(L/period) * F * log_F(E*T)) per add, never
+capacity-sized work, no while loop. `sample` costs O(B * L * leaf size + B * F * log_F(E*T)).
+
+Online queue (`online_window = W > 0`): per env the last `min(written - online_start, W)` steps are not yet
+consumed. `sample_online` draws starts inside the queue with the replay's eligibility and
+`remaining ** length_power` (no priority factor) by an O(E * W) cumulative sum; `consume_online` empties
+the queue; `sample_mixed` stacks `round(B * online_fraction)` online sequences (first) on replay ones.
+
+Sampling results: `data [B, L, ...]` holds the stored steps at the L positions after the start; positions
+where `mask` is False are whatever the row holds there (later/older data or zeros), never to be used.
+Empty buffer (no eligible start): `slots` 0, `probabilities` 0, `mask` all False, and `can_sample` False.
+
+Requires `capacity_per_env > sequence_length` (a start's previous step must still be stored while its
+weight can change). env_ids must be distinct within one `add`; `debug=True` checks that and their range
+with `checkify` (see `buffers/rows.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from buffers import checks, rows, sumtree
+from buffers.rows import RowState
+
+
+@struct.dataclass
+class SequenceState:
+    rows: RowState  # data [E, T, ...], written [E], online_start [E]
+    done: jax.Array  # [E*T] bool: done_fn of the step stored at each slot
+    remaining: jax.Array  # [E*T] int32: remaining(slot), 0 for slots never written
+    base: jax.Array  # [E*T] float32 eligible * remaining**power (only with priorities, else shape [0])
+    priority: jax.Array  # [E*T] float32 priority**alpha (only with priorities, else shape [0])
+    max_priority: jax.Array  # float32 []: largest raw priority set so far (1 initially)
+    tree: sumtree.SumTree  # E*T + 1 leaves: slot weights, then a dummy leaf that stays 0
+
+
+@struct.dataclass
+class SequenceSample:
+    data: Any  # pytree of [B, L, ...]
+    mask: jax.Array  # [B, L] bool: valid steps
+    env_ids: jax.Array  # [B] int32
+    slots: jax.Array  # [B] int32: env * T + start position (pass to set_priorities)
+    probabilities: jax.Array  # [B] float32: probability this start had under its sampling distribution
+
+
+@struct.dataclass
+class Starts:
+    """Sampled starts before any data is gathered (used by `nstep.py`)."""
+
+    env_ids: jax.Array  # [B] int32
+    positions: jax.Array  # [B] int32 start position in the row
+    remaining: jax.Array  # [B] int32 valid steps (0 when nothing could be sampled)
+    slots: jax.Array  # [B] int32
+    probabilities: jax.Array  # [B] float32
+
+
+def _default_done(step):
+    return step["done"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceBuffer:
+    num_envs: int
+    capacity_per_env: int
+    sequence_length: int
+    period: int = 1
+    start: str = "any"
+    cross_episodes: bool = True
+    complete_only: bool = False
+    length_power: float = 0.0
+    priority_exponent: float | None = None
+    online_window: int = 0
+    done_fn: Callable = _default_done
+    min_size: int = 1
+    fanout: int = 32
+    debug: bool = False
+
+    # ---- static helpers -------------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return self.num_envs * self.capacity_per_env
+
+    @property
+    def prioritised(self) -> bool:
+        return self.priority_exponent is not None
+
+    def _prototype(self, state: SequenceState):
+        return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.rows.data)
+
+    def _done_of(self, steps) -> jax.Array:
+        d = jnp.asarray(self.done_fn(steps))
+        n = jax.tree_util.tree_leaves(steps)[0].shape[0]
+        if d.shape != (n,):
+            raise checks.BufferInputError(f"done_fn(steps) must have shape ({n},), received {d.shape}")
+        return d.astype(bool)
+
+    def _weight(self, rem, prev_done, last_done, abs_start):
+        """eligible * rem**power for arrays of starts (any common shape)."""
+        ok = rem > 0
+        if self.period > 1:
+            ok &= abs_start % self.period == 0
+        if self.start == "episode":
+            ok &= (abs_start == 0) | prev_done
+        if self.complete_only:
+            ok &= (rem == self.sequence_length) | last_done
+        if self.length_power == 0:
+            w = jnp.ones(rem.shape, jnp.float32)
+        else:
+            w = jnp.power(rem.astype(jnp.float32), jnp.float32(self.length_power))
+        return jnp.where(ok, w, 0.0)
+
+    def _base_of(self, state: SequenceState, slots):
+        return state.base[slots] if self.prioritised else sumtree.get(state.tree, slots)
+
+    # ---- API ------------------------------------------------------------------------------------------
+    def init(self, prototype) -> SequenceState:
+        """Empty state for steps shaped like `prototype` (a pytree of scalars / arrays, no batch dim)."""
+        proto = checks.as_prototype(prototype)
+        try:
+            self._done_of(jax.tree_util.tree_map(lambda s: jnp.zeros((1,) + s.shape, s.dtype), proto))
+        except (KeyError, AttributeError, TypeError, IndexError) as e:
+            raise checks.BufferInputError(f"done_fn cannot read the done flag from the prototype: {e!r}") from e
+        n = self.num_slots
+        k = n if self.prioritised else 0
+        return SequenceState(
+            rows=rows.init_rows(proto, self.num_envs, self.capacity_per_env),
+            done=jnp.zeros((n,), bool),
+            remaining=jnp.zeros((n,), jnp.int32),
+            base=jnp.zeros((k,), jnp.float32),
+            priority=jnp.zeros((k,), jnp.float32),
+            max_priority=jnp.ones((), jnp.float32),
+            tree=sumtree.init(n + 1, self.fanout),
+        )
+
+    def add(self, state: SequenceState, steps, env_ids, mask=None) -> SequenceState:
+        """Write `steps [N, ...]` to rows `env_ids [N]` (distinct) where `mask [N]` (default all True)."""
+        steps, env_ids, mask = rows.prepare_add(self._prototype(state), steps, env_ids, mask)
+        if self.debug:
+            rows.check_env_ids(env_ids, mask, self.num_envs)
+        done_new = self._done_of(steps)
+        r, abs_new, row = rows.write(state.rows, steps, env_ids, mask)
+        T, L, n = self.capacity_per_env, self.sequence_length, self.num_slots
+        valid_row = row < self.num_envs  # [N] written entries
+        env = jnp.clip(env_ids, 0, self.num_envs - 1)
+        done = state.done.at[jnp.where(valid_row, env * T + abs_new % T, n)].set(done_new, mode="drop")
+
+        # Done flags of steps a-L .. a (window index 0 .. L) of each written row.
+        wabs = abs_new[:, None] + jnp.arange(-L, 1)[None, :]  # [N, L+1]
+        wdone = done[env[:, None] * T + wabs % T] & (wabs >= 0)
+        # remaining of the start at window index k+1 (abs a-L+1+k), k = 0..L-1, capped at the newest step a.
+        k = jnp.arange(L)
+        rem = L - k  # [L]
+        if not self.cross_episodes:
+            first_done = jax.lax.cummin(jnp.where(wdone[:, 1:], k, L - 1), axis=1, reverse=True)  # [N, L]
+            rem = jnp.minimum(rem, first_done - k + 1)
+        rem = jnp.broadcast_to(rem, (abs_new.shape[0], L))
+        # Slots to refresh: every one, or the period-aligned ones plus the newest (it overwrites a slot).
+        if self.period == 1:
+            j = jnp.broadcast_to(k, rem.shape)
+        else:
+            n_aligned = -(-L // self.period)
+            j0 = (-(abs_new - L + 1)) % self.period  # first aligned window offset
+            j = j0[:, None] + self.period * jnp.arange(n_aligned)[None, :]
+            j = jnp.concatenate([j, jnp.full((j.shape[0], 1), L - 1)], axis=1)
+        in_window = j < L
+        j = jnp.minimum(j, L - 1)
+        s_abs = abs_new[:, None] - L + 1 + j
+        s_rem = jnp.where(s_abs >= 0, jnp.take_along_axis(rem, j, axis=1), 0)
+        prev_done = jnp.take_along_axis(wdone, j, axis=1)
+        last_done = jnp.take_along_axis(wdone, j + jnp.maximum(s_rem, 1), axis=1)
+        w = self._weight(s_rem, prev_done, last_done, s_abs)
+        keep = in_window & valid_row[:, None] & (s_abs >= 0)
+        slots = jnp.where(keep, env[:, None] * T + s_abs % T, n).reshape(-1)  # n: dropped / dummy leaf
+        remaining = state.remaining.at[slots].set(s_rem.reshape(-1), mode="drop")
+        w = jnp.where(keep, w, 0.0).reshape(-1)
+        base, priority = state.base, state.priority
+        if self.prioritised:
+            newest = jnp.where(valid_row, env * T + abs_new % T, n)
+            new_p = jnp.power(state.max_priority, jnp.float32(self.priority_exponent))
+            priority = priority.at[newest].set(new_p, mode="drop")
+            base = base.at[slots].set(w, mode="drop")
+            w = w * priority.at[slots].get(mode="fill", fill_value=0.0)
+        tree = sumtree.set(state.tree, slots, w)
+        return state.replace(rows=r, done=done, remaining=remaining, base=base, priority=priority, tree=tree)
+
+    def peek(self, state: SequenceState, env_ids) -> Any:
+        """Latest step of each env `env_ids [N]` -> tree of `[N, ...]` (zeros for a row never written)."""
+        checks.check_index_array("env_ids", env_ids)
+        env_ids = jnp.asarray(env_ids, jnp.int32)
+        if self.debug:
+            rows.check_env_ids(env_ids, jnp.ones(env_ids.shape, bool), self.num_envs, distinct=False)
+        return rows.peek(state.rows, env_ids)
+
+    def sample_starts(self, state: SequenceState, key, batch_size: int) -> Starts:
+        """Draw `batch_size` starts with probability weight / total weight (replay distribution)."""
+        slots, probs = sumtree.sample(state.tree, key, batch_size)
+        slots = jnp.minimum(slots, self.num_slots - 1)
+        rem = jnp.where(sumtree.total(state.tree) > 0, state.remaining[slots], 0)
+        return self._starts(slots, rem, probs)
+
+    def _starts(self, slots, rem, probs) -> Starts:
+        T = self.capacity_per_env
+        return Starts(env_ids=(slots // T).astype(jnp.int32), positions=(slots % T).astype(jnp.int32),
+                      remaining=rem, slots=slots.astype(jnp.int32), probabilities=probs)
+
+    def _sequences(self, state: SequenceState, st: Starts) -> SequenceSample:
+        L, T = self.sequence_length, self.capacity_per_env
+        ar = jnp.arange(L)
+        data = rows.gather(state.rows, st.env_ids, (st.positions[:, None] + ar[None, :]) % T)
+        mask = ar[None, :] < st.remaining[:, None]
+        return SequenceSample(data=data, mask=mask, env_ids=st.env_ids, slots=st.slots,
+                              probabilities=st.probabilities)
+
+    def sample(self, state: SequenceState, key, batch_size: int) -> SequenceSample:
+        """`batch_size` sequences from the replay distribution (see the module docstring)."""
+        return self._sequences(state, self.sample_starts(state, key, batch_size))
+
+    def set_priorities(self, state: SequenceState, slots, priorities) -> SequenceState:
+        """Set raw priorities (>= 0) of `slots [B]`; stores priority**alpha and tracks the max priority.
+
+        A slot overwritten since it was sampled gets the priority meant for its old content.
+        """
+        if not self.prioritised:
+            raise checks.BufferInputError("set_priorities needs a buffer made with priority_exponent")
+        checks.check_index_array("slots", slots)
+        priorities = jnp.asarray(priorities, jnp.float32)
+        if priorities.shape != slots.shape:
+            raise checks.BufferInputError(
+                f"priorities: expected shape {tuple(slots.shape)} (like slots), received {priorities.shape}")
+        slots = jnp.asarray(slots, jnp.int32)
+        powered = jnp.power(priorities, jnp.float32(self.priority_exponent))
+        priority = state.priority.at[slots].set(powered)
+        # Read back so duplicated slots write the same (winning) value to the tree.
+        tree = sumtree.set(state.tree, slots, state.base[slots] * priority[slots])
+        max_p = jnp.maximum(state.max_priority, jnp.max(priorities))
+        return state.replace(priority=priority, tree=tree, max_priority=max_p)
+
+    def size(self, state: SequenceState) -> jax.Array:
+        """Steps held over all rows."""
+        return rows.stored_steps(state.rows, self.capacity_per_env)
+
+    def can_sample(self, state: SequenceState) -> jax.Array:
+        return (sumtree.total(state.tree) > 0) & (self.size(state) >= self.min_size)
+
+    # ---- online queue -----------------------------------------------------------------------------------
+    def _online_weights(self, state: SequenceState):
+        """Slots [E*W] of the queue starts and their weights [E*W]."""
+        W, T = self.online_window, self.capacity_per_env
+        if W == 0:
+            raise checks.BufferInputError("the online queue needs a buffer made with online_window > 0")
+        written = state.rows.written
+        queued = jnp.minimum(written - state.rows.online_start, W)
+        k = jnp.arange(W)
+        a = written[:, None] - queued[:, None] + k[None, :]
+        slots = (jnp.arange(self.num_envs)[:, None] * T + a % T).reshape(-1)
+        w = jnp.where((k[None, :] < queued[:, None]).reshape(-1), self._base_of(state, slots), 0.0)
+        return slots, w
+
+    def sample_online(self, state: SequenceState, key, batch_size: int) -> SequenceSample:
+        """`batch_size` sequences starting inside the online queue, weighted like the replay minus priority."""
+        slots, w = self._online_weights(state)
+        cum = jnp.cumsum(w)
+        tot = cum[-1]
+        u = jax.random.uniform(key, (batch_size,)) * tot
+        i = jnp.searchsorted(cum, u, side="right")
+        last_nonzero = jnp.max(jnp.where(w > 0, jnp.arange(w.shape[0]), 0))
+        i = jnp.minimum(i, last_nonzero)
+        ok = tot > 0
+        probs = jnp.where(ok, w[i] / jnp.where(ok, tot, 1.0), 0.0)
+        chosen = jnp.where(ok, slots[i], 0)
+        rem = jnp.where(ok, state.remaining[chosen], 0)
+        return self._sequences(state, self._starts(chosen, rem, probs))
+
+    def can_sample_online(self, state: SequenceState) -> jax.Array:
+        return jnp.sum(self._online_weights(state)[1]) > 0
+
+    def consume_online(self, state: SequenceState) -> SequenceState:
+        """Mark every stored step consumed: the online queue becomes empty."""
+        return state.replace(rows=state.rows.replace(online_start=state.rows.written))
+
+    def sample_mixed(self, state: SequenceState, key, batch_size: int, online_fraction: float) -> SequenceSample:
+        """`round(batch_size * online_fraction)` online sequences (first rows), then replay ones."""
+        n_on = round(batch_size * float(online_fraction))
+        if not 0 <= n_on <= batch_size:
+            raise checks.BufferInputError(f"online_fraction must be in [0, 1], received {online_fraction}")
+        k_on, k_rb = jax.random.split(key)
+        if n_on == 0:
+            return self.sample(state, k_rb, batch_size)
+        if n_on == batch_size:
+            return self.sample_online(state, k_on, batch_size)
+        on = self.sample_online(state, k_on, n_on)
+        rb = self.sample(state, k_rb, batch_size - n_on)
+        return jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), on, rb)
+
+
+def make_sequence_buffer(
+    num_envs: int,
+    capacity_per_env: int,
+    sequence_length: int,
+    period: int = 1,
+    start: str = "any",
+    cross_episodes: bool = True,
+    complete_only: bool = False,
+    length_power: float = 0.0,
+    priority_exponent: float | None = None,
+    online_window: int = 0,
+    done_fn: Callable = _default_done,
+    min_size: int = 1,
+    fanout: int = 32,
+    debug: bool = False,
+) -> SequenceBuffer:
+    """Sequence buffer over per-env rows (see the module docstring for every option's meaning).
+
+    R2D2: `sequence_length=80, period=40, priority_exponent=0.9`. Muesli: `online_window > 0` with
+    `sample_mixed`. DQN n-step: `buffers.nstep.make_nstep_buffer`.
+    """
+    if num_envs < 1 or sequence_length < 1:
+        raise ValueError(f"need num_envs >= 1 and sequence_length >= 1, got {num_envs=} {sequence_length=}")
+    if capacity_per_env <= sequence_length:
+        raise ValueError(
+            f"capacity_per_env ({capacity_per_env}) must exceed sequence_length ({sequence_length})")
+    if period < 1:
+        raise ValueError(f"period must be >= 1, got {period}")
+    if start not in ("any", "episode"):
+        raise ValueError(f"start must be 'any' or 'episode', got {start!r}")
+    if not 0 <= online_window <= capacity_per_env:
+        raise ValueError(f"online_window must be in [0, capacity_per_env={capacity_per_env}], got {online_window}")
+    if priority_exponent is not None and priority_exponent < 0:
+        raise ValueError(f"priority_exponent must be >= 0 or None, got {priority_exponent}")
+    if length_power < 0:
+        raise ValueError(f"length_power must be >= 0, got {length_power}")
+    return SequenceBuffer(
+        num_envs=num_envs, capacity_per_env=capacity_per_env, sequence_length=sequence_length, period=period,
+        start=start, cross_episodes=cross_episodes, complete_only=complete_only,
+        length_power=float(length_power),
+        priority_exponent=None if priority_exponent is None else float(priority_exponent),
+        online_window=online_window, done_fn=done_fn, min_size=min_size, fanout=fanout, debug=debug,
+    )
