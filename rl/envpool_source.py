@@ -24,7 +24,8 @@ Shapes: E = num_envs, M = batch_size (envs per recv).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import envpool
 import jax
@@ -36,8 +37,8 @@ PyTree = Any
 
 # envpool's own Atari preprocessing, as in the DQN paper (defaults of envpool differ: episodic_life and
 # reward_clip are off there).
-ATARI_DEFAULTS = dict(episodic_life=True, reward_clip=True, stack_num=4, img_height=84, img_width=84,
-                      gray_scale=True, frame_skip=4, noop_max=30, repeat_action_probability=0.0)
+ATARI_DEFAULTS = {"episodic_life": True, "reward_clip": True, "stack_num": 4, "img_height": 84, "img_width": 84,
+                  "gray_scale": True, "frame_skip": 4, "noop_max": 30, "repeat_action_probability": 0.0}
 
 
 @struct.dataclass
@@ -222,7 +223,7 @@ def init_tracker(num_envs: int, obs_example, carry: PyTree, extras_example: PyTr
     """`carry`: the initial carry for `num_envs` envs (leading dim E); `extras_example`: one env's extras
     (unbatched; shapes and dtypes only)."""
     obs_example = jnp.asarray(obs_example)
-    zeros = lambda x: jnp.zeros((num_envs,) + tuple(jnp.shape(x)), jnp.result_type(x))  # noqa: E731
+    zeros = lambda x: jnp.zeros((num_envs,) + tuple(jnp.shape(x)), jnp.result_type(x))
     return Tracker(obs=zeros(obs_example), action=jnp.zeros((num_envs,), jnp.int32), carry=carry,
                    carry_before=carry, extras=jax.tree_util.tree_map(zeros, extras_example),
                    new_episode=jnp.ones((num_envs,), bool), episode_score=jnp.zeros((num_envs,), jnp.float32),
@@ -240,7 +241,7 @@ def track(tracker: Tracker, recv: Recv, obs: jax.Array, act: Callable, initial_c
     reset step, before acting on the new episode's first observation.
     """
     ids = recv.env_id
-    take = lambda x: x[ids]  # noqa: E731
+    take = lambda x: x[ids]
     fresh = tracker.new_episode[ids]
     valid = ~fresh
     transition = Transition(obs=tracker.obs[ids], action=tracker.action[ids], reward=recv.reward,
@@ -259,7 +260,7 @@ def track(tracker: Tracker, recv: Recv, obs: jax.Array, act: Callable, initial_c
     ended = valid & recv.episode_over
     episodes = Episodes(ended=ended, score=score, length=length, env_id=ids)
 
-    put = lambda dst, src: dst.at[ids].set(src)  # noqa: E731
+    put = lambda dst, src: dst.at[ids].set(src)
     tracker = Tracker(
         obs=put(tracker.obs, obs), action=put(tracker.action, actions),
         carry=jax.tree_util.tree_map(put, tracker.carry, carry_out),

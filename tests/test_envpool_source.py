@@ -25,7 +25,7 @@ def make_step_fn(source):
     @jax.jit
     def step(tracker, recv, key):
         obs = source.observation(recv.obs)
-        act = lambda o, c: random_act(source.num_actions)(o, c, key)  # noqa: E731
+        act = lambda o, c: random_act(source.num_actions)(o, c, key)
         return track(tracker, recv, obs, act, ())
 
     return step
@@ -154,9 +154,9 @@ def test_episode_statistics_per_env_do_not_carry_across_truncation(cartpole_host
         for j in np.flatnonzero(ep.ended):
             got.setdefault(int(ep.env_id[j]), []).append((float(ep.score[j]), int(ep.length[j])))
     assert got.keys() == expected.keys()
-    for e in expected:
-        assert [n for _, n in got[e]] == expected[e]
-        assert [s for s, _ in got[e]] == [float(n) for n in expected[e]]  # CartPole reward is 1 per step
+    for e, lengths in expected.items():
+        assert [n for _, n in got[e]] == lengths
+        assert [s for s, _ in got[e]] == [float(n) for n in lengths]  # CartPole reward is 1 per step
         assert max(n for _, n in got[e]) <= MAX_STEPS
 
 
@@ -165,7 +165,7 @@ def test_atari_layout_life_loss_and_game_statistics():
     assert source.obs_shape == (84, 84, 4) and source.obs_dtype == np.uint8 and source.atari
     log, outs = run_host(source, 1500)
     source.close()
-    to_hwc = lambda o: np.transpose(o, (1, 2, 0))  # noqa: E731
+    to_hwc = lambda o: np.transpose(o, (1, 2, 0))
     ref_rows, ref_valid = reference(log, to_hwc)
     ours = ours_per_env(log, outs)
     for e in ref_rows:
@@ -198,7 +198,7 @@ def test_xla_handle_inside_jit():
         def body(c, k):
             handle, tracker = c
             handle, r = recv(handle)
-            act = lambda o, cr: random_act(2)(o, cr, k)  # noqa: E731
+            act = lambda o, cr: random_act(2)(o, cr, k)
             tracker, actions, tr, _ = track(tracker, r, source.observation(r.obs), act, ())
             handle = send(handle, actions, r.env_id)
             return (handle, tracker), (r.env_id, tr)
