@@ -1,0 +1,209 @@
+"""Per-env rows (buffers/rows.py) against a plain NumPy reference; the reference model also serves the
+sequence, online-queue and n-step tests (imported from here)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.experimental import checkify
+
+from buffers.checks import BufferInputError
+from buffers.rows import make_row_buffer
+from buffers.sequences import make_sequence_buffer
+
+E, T = 3, 7
+STRIDE = 1000  # counter = env * STRIDE + absolute step: proves env and time of every stored item
+
+
+class RowsRef:
+    """Plain-Python model of per-env rows: the full history of every env, never forgotten."""
+
+    def __init__(self, num_envs: int, capacity: int):
+        self.E, self.T = num_envs, capacity
+        self.hist = [[] for _ in range(num_envs)]  # per env: list of step dicts (numpy scalars/arrays)
+
+    def add(self, steps: dict, env_ids, mask=None):
+        for i, e in enumerate(np.asarray(env_ids)):
+            if mask is None or bool(np.asarray(mask)[i]):
+                self.hist[int(e)].append({k: np.asarray(v)[i] for k, v in steps.items()})
+
+    def written(self, e: int) -> int:
+        return len(self.hist[e])
+
+    def present(self, e: int) -> range:
+        w = self.written(e)
+        return range(max(0, w - self.T), w)
+
+    def storage(self, key: str, zeros: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Expected `[E, T, ...]` storage of leaf `key` and a `[E, T]` mask of positions ever written."""
+        out, known = zeros.copy(), np.zeros((self.E, self.T), bool)
+        for e in range(self.E):
+            for a in self.present(e):
+                out[e, a % self.T] = self.hist[e][a][key]
+                known[e, a % self.T] = True
+        return out, known
+
+    def abs_of_slot(self, slot: int) -> int | None:
+        """Absolute step held at flat slot e*T + pos, or None if never written."""
+        e, pos = divmod(int(slot), self.T)
+        hits = [a for a in self.present(e) if a % self.T == pos]
+        return hits[0] if hits else None
+
+
+def make_steps(ref: RowsRef, env_ids, rng, done_p=0.25):
+    """Steps [N] whose `x` is the counter env*STRIDE + abs step each entry will get (masked ones too)."""
+    env_ids = np.asarray(env_ids)
+    x = np.array([e * STRIDE + ref.written(int(e)) for e in env_ids], np.int32)
+    return {"x": x, "v": rng.normal(size=(len(env_ids), 2)).astype(np.float32),
+            "done": rng.random(len(env_ids)) < done_p}
+
+
+PROTO = {"x": np.int32(0), "v": np.zeros(2, np.float32), "done": False}
+
+
+@functools.cache
+def row_buffer_fns():
+    buf = make_row_buffer(E, T)
+    return buf, jax.jit(buf.add), jax.jit(buf.peek)
+
+
+@given(ops=st.lists(st.tuples(st.permutations(range(E)), st.lists(st.booleans(), min_size=E, max_size=E)),
+                    min_size=1, max_size=40), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_rows_match_reference_under_async_writes(ops, seed):
+    """Random env subsets in random order (mask), with wrap-around: storage, written and peek match."""
+    buf, add, peek = row_buffer_fns()
+    rng = np.random.default_rng(seed)
+    state, ref = buf.init(PROTO), RowsRef(E, T)
+    for perm, mask in ops:
+        ids = np.array(perm, np.int32)
+        steps = make_steps(ref, ids, rng)
+        state = add(state, steps, ids, np.array(mask))
+        ref.add(steps, ids, mask)
+    np.testing.assert_array_equal(state.written, [ref.written(e) for e in range(E)])
+    for key in ("x", "v", "done"):
+        want, known = ref.storage(key, np.zeros_like(np.asarray(state.data[key])))
+        np.testing.assert_array_equal(np.asarray(state.data[key]), want)
+    got = peek(state, np.arange(E, dtype=np.int32))
+    for e in range(E):
+        if ref.written(e):
+            assert got["x"][e] == ref.hist[e][-1]["x"]
+            np.testing.assert_array_equal(got["v"][e], ref.hist[e][-1]["v"])
+    assert int(buf.size(state)) == sum(min(ref.written(e), T) for e in range(E))
+
+
+def test_rows_scan_and_vmap_match_python_loop():
+    buf = make_row_buffer(E, T)
+    rng = np.random.default_rng(0)
+    K = 12
+    ids = np.stack([rng.permutation(E) for _ in range(K)]).astype(np.int32)
+    masks = rng.random((K, E)) < 0.7
+    xs = {"x": rng.integers(0, 100, (K, E)).astype(np.int32), "v": rng.normal(size=(K, E, 2)).astype(np.float32),
+          "done": rng.random((K, E)) < 0.3}
+    looped = buf.init(PROTO)
+    for t in range(K):
+        looped = buf.add(looped, jax.tree_util.tree_map(lambda a: a[t], xs), ids[t], masks[t])
+
+    def body(s, inp):
+        steps, i, m = inp
+        return buf.add(s, steps, i, m), None
+
+    scanned, _ = jax.jit(lambda s: jax.lax.scan(body, s, (xs, ids, masks)))(buf.init(PROTO))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, scanned, looped)
+
+    # vmap over 2 "seeds": the second seed writes different data; each equals its own loop.
+    xs2 = jax.tree_util.tree_map(lambda a: np.stack([a, a[::-1]]), xs)
+    batched = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), buf.init(PROTO))
+    vscan = jax.jit(jax.vmap(lambda s, x: jax.lax.scan(body, s, (x, ids, masks))[0]))(batched, xs2)
+    jax.tree_util.tree_map(lambda b, one: np.testing.assert_array_equal(b[0], one), vscan, looped)
+    looped2 = buf.init(PROTO)
+    for t in range(K):
+        looped2 = buf.add(looped2, jax.tree_util.tree_map(lambda a: a[K - 1 - t], xs), ids[t], masks[t])
+    jax.tree_util.tree_map(lambda b, one: np.testing.assert_array_equal(b[1], one), vscan, looped2)
+    peeked = jax.vmap(buf.peek, in_axes=(0, None))(vscan, np.arange(E, dtype=np.int32))
+    np.testing.assert_array_equal(peeked["x"][0], buf.peek(looped, np.arange(E))["x"])
+
+
+def test_rows_donated_add_is_in_place():
+    buf = make_row_buffer(4, 50)
+    proto = {"obs": np.zeros((8, 8), np.uint8), "r": np.float32(0)}
+    add = jax.jit(buf.add, donate_argnums=0)
+    state = buf.init(proto)
+    ptr = state.data["obs"].unsafe_buffer_pointer()
+    for t in range(3):
+        steps = {"obs": np.full((2, 8, 8), t, np.uint8), "r": np.ones(2, np.float32)}
+        state = add(state, steps, np.array([3, 1], np.int32))
+        assert state.data["obs"].unsafe_buffer_pointer() == ptr
+    assert list(np.asarray(state.written)) == [0, 3, 0, 3]
+
+
+@pytest.mark.parametrize("make", [lambda: make_row_buffer(E, T), lambda: make_sequence_buffer(E, T, 3)])
+def test_bad_steps_fail_at_trace_time_naming_the_leaf(make):
+    buf = make()
+    state = buf.init(PROTO)
+    ids = np.arange(2, dtype=np.int32)
+    good = {"x": np.zeros(2, np.int32), "v": np.zeros((2, 2), np.float32), "done": np.zeros(2, bool)}
+    with pytest.raises(BufferInputError, match=r"\['v'\].*expected shape \(2, 2\), received \(2, 3\)"):
+        jax.jit(buf.add)(state, {**good, "v": np.zeros((2, 3), np.float32)}, ids)
+    with pytest.raises(BufferInputError, match=r"\['x'\].*expected dtype int32, received float32"):
+        buf.add(state, {**good, "x": np.zeros(2, np.float32)}, ids)
+    with pytest.raises(BufferInputError, match="wrong tree structure"):
+        buf.add(state, {"x": good["x"], "v": good["v"]}, ids)
+    with pytest.raises(BufferInputError, match=r"\['done'\].*expected shape \(3,\), received \(2,\)"):
+        buf.add(state, good, np.arange(3, dtype=np.int32))  # leading dim must match env_ids
+    with pytest.raises(BufferInputError, match="env_ids: expected an integer array"):
+        buf.add(state, good, np.arange(2, dtype=np.float32))
+    with pytest.raises(BufferInputError, match="mask: expected shape"):
+        buf.add(state, good, ids, np.ones(3, bool))
+    with pytest.raises(BufferInputError, match="mask: expected dtype bool"):
+        buf.add(state, good, ids, np.ones(2, np.int32))
+
+
+@pytest.mark.parametrize("make", [lambda: make_row_buffer(E, T, debug=True),
+                                  lambda: make_sequence_buffer(E, T, 3, debug=True)])
+def test_debug_flag_rejects_bad_env_ids_under_checkify(make):
+    buf = make()
+    state = buf.init(PROTO)
+    steps = {"x": np.zeros(2, np.int32), "v": np.zeros((2, 2), np.float32), "done": np.zeros(2, bool)}
+    checked = jax.jit(checkify.checkify(buf.add))
+    err, _ = checked(state, steps, np.array([0, E], np.int32))
+    with pytest.raises(checkify.JaxRuntimeError, match=rf"env_ids out of range \[0, {E}\)"):
+        err.throw()
+    err, _ = checked(state, steps, np.array([1, 1], np.int32))
+    with pytest.raises(checkify.JaxRuntimeError, match="env_ids must be distinct"):
+        err.throw()
+    err, _ = checked(state, steps, np.array([-1, 1], np.int32), np.array([True, False]))
+    with pytest.raises(checkify.JaxRuntimeError, match="out of range"):
+        err.throw()
+    # Masked-out entries may carry any id (e.g. padding): duplicates or out of range among them are fine.
+    err, out = checked(state, steps, np.array([1, 1], np.int32), np.array([True, False]))
+    assert err.get() is None
+    written = out.written if hasattr(out, "written") else out.rows.written
+    assert list(np.asarray(written)) == [0, 1, 0]
+    err, _ = checked(state, steps, np.array([2, 9], np.int32), np.array([True, False]))
+    assert err.get() is None
+    # Eagerly (no jit) the check raises directly.
+    with pytest.raises(checkify.JaxRuntimeError, match="out of range"):
+        buf.add(state, steps, np.array([0, 5], np.int32))
+    err, _ = jax.jit(checkify.checkify(buf.peek))(state, np.array([0, 7], np.int32))
+    with pytest.raises(checkify.JaxRuntimeError, match="out of range"):
+        err.throw()
+
+
+def test_masked_entries_write_nothing_even_with_garbage_ids():
+    buf = make_sequence_buffer(E, T, 3, priority_exponent=0.5)
+    state = buf.init(PROTO)
+    steps = {"x": np.array([7, 8, 9], np.int32), "v": np.zeros((3, 2), np.float32), "done": np.zeros(3, bool)}
+    before = state
+    state = jax.jit(buf.add)(state, steps, np.array([1, 1, 99], np.int32), np.array([True, False, False]))
+    assert list(np.asarray(state.rows.written)) == [0, 1, 0]
+    assert int(state.rows.data["x"][1, 0]) == 7
+    assert int(np.sum(np.asarray(state.rows.data["x"]) != 0)) == 1
+    assert float(state.tree.levels[-1][E * T]) == 0.0  # the dummy leaf stays empty
+    np.testing.assert_array_equal(np.asarray(before.done), np.asarray(state.done))
