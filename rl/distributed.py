@@ -1,0 +1,81 @@
+"""Multi-host start: `jax.distributed.initialize` configured from the `distributed` config section.
+
+One process runs per host (or per GPU, with `local_device_ids`); every process runs the same command.
+After `initialize`, `jax.devices()` lists the devices of all processes and the mesh of `rl/sharding.py`
+spans them, so the Anakin runner shards seeds/envs/buffer/batch over every host with no other change.
+
+Config (`configs/distributed/*.yaml`, all keys optional):
+
+    enabled: false               # true: call jax.distributed.initialize before any JAX op
+    coordinator_address: null    # "host:port" of process 0; env JAX_COORDINATOR_ADDRESS also works
+    num_processes: null          # total processes
+    process_id: null             # this process, 0 .. num_processes-1
+    local_device_ids: null       # devices this process uses, e.g. [0] for one process per GPU
+    cluster_detection_method: null  # e.g. "slurm", "mpi4py"; null: JAX auto-detects SLURM, Open MPI,
+                                    # Kubernetes and Cloud TPU when the three keys above are null
+    initialization_timeout: 300  # seconds to wait for all processes
+
+`configs/distributed/env.yaml` fills the keys from the environment variables `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` (set them per process; see README "Multiple devices and hosts").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+
+@dataclasses.dataclass
+class DistributedConfig:
+    enabled: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: list[int] | None = None
+    cluster_detection_method: str | None = None
+    initialization_timeout: int = 300
+
+
+def initialize(section: Mapping | DistributedConfig | None) -> bool:
+    """Start the multi-process runtime when `section.enabled`; returns whether it was started.
+
+    Must run before any JAX computation. Idempotent: a second call (e.g. a resumed run in the same
+    process) does nothing."""
+    cfg = _as_config(section)
+    if not cfg.enabled:
+        return False
+    if jax.distributed.is_initialized():
+        return True
+    given = (cfg.coordinator_address, cfg.num_processes, cfg.process_id)
+    if any(v is not None for v in given[1:]) and not all(v is not None for v in given[1:]):
+        raise ValueError("distributed.num_processes and distributed.process_id must be set together "
+                         f"(got num_processes={cfg.num_processes}, process_id={cfg.process_id})")
+    if cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
+        raise ValueError(f"distributed.process_id={cfg.process_id} must be in [0, num_processes="
+                         f"{cfg.num_processes})")
+    kwargs = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "enabled" and v is not None}
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def is_main_process() -> bool:
+    """True on the process that writes logs and checkpoints (process 0)."""
+    return jax.process_index() == 0
+
+
+def _as_config(section: Any) -> DistributedConfig:
+    if section is None:
+        return DistributedConfig()
+    if isinstance(section, DistributedConfig):
+        return section
+    known = {f.name for f in dataclasses.fields(DistributedConfig)}
+    items = dict(section.items())
+    unknown = set(items) - known
+    if unknown:
+        raise ValueError(f"unknown keys in `distributed`: {sorted(unknown)}; known: {sorted(known)}")
+    if items.get("local_device_ids") is not None:
+        items["local_device_ids"] = [int(i) for i in items["local_device_ids"]]
+    return DistributedConfig(**items)

@@ -1,0 +1,137 @@
+"""rl/sharding.py and rl/distributed.py. Multi-device runs happen in subprocesses that start JAX with
+`XLA_FLAGS=--xla_force_host_platform_device_count=N`, so this pytest process stays single-device."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh
+
+from rl import distributed, sharding
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "tests" / "multidevice" / "toy_runner.py"
+
+
+def _env(devices: int, **extra: str) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **extra)
+    return env
+
+
+def _run_all(jobs: dict[str, tuple[list[str], dict]], tmp_path: Path, timeout: int = 240) -> dict:
+    """Start every job at once (they are mostly JAX start-up and compilation), wait, load their JSON."""
+    procs = {name: subprocess.Popen([sys.executable, str(TOY), *args], env=env, cwd=ROOT,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, (args, env) in jobs.items()}
+    results = {}
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"{name} failed:\n{out[-3000:]}"
+    for name, (args, _) in jobs.items():
+        path = Path(args[2])
+        if path.exists():
+            results[name] = json.loads(path.read_text())
+    return results
+
+
+def test_four_devices_match_one_device_same_global_batch(tmp_path):
+    jobs = {
+        "one": (["1", "1", str(tmp_path / "one.json")], _env(1)),
+        "data4": (["4", "1", str(tmp_path / "data4.json")], _env(4)),
+        "seed2_data2": (["4", "2", str(tmp_path / "seed2_data2.json")], _env(4)),
+    }
+    r = _run_all(jobs, tmp_path)
+    one = r["one"]
+    assert one["describe"].startswith("1 device") and one["batch_shard_shape"] == [4, 32, 3]
+    for name in ("data4", "seed2_data2"):
+        np.testing.assert_allclose(r[name]["w"], one["w"], rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(r[name]["losses"], one["losses"], rtol=1e-4, atol=1e-5, err_msg=name)
+    # where things lived: batch split over the data devices, buffer rows sharded, params replicated
+    assert r["data4"]["batch_shard_shape"] == [4, 8, 3]
+    assert r["data4"]["buffer_spec"] == "P(None, 'data')" and r["data4"]["params_spec"] == "P()"
+    assert r["seed2_data2"]["batch_shard_shape"] == [2, 16, 3]
+    assert r["seed2_data2"]["buffer_spec"] == "P('seed', 'data')"
+    assert r["seed2_data2"]["params_spec"] == "P('seed',)"
+    # the run is not trivially constant: the loss changes over training
+    assert np.ptp(np.asarray(one["losses"])) > 0.1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    """jax.distributed over 2 processes x 2 CPU devices (gloo collectives) == 1 process x 1 device."""
+    port = _free_port()
+    common = {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
+                  "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    out = str(tmp_path / "multi.json")
+    jobs = {f"proc{i}": (["4", "1", out], _env(2, JAX_PROCESS_ID=str(i), **common)) for i in range(2)}
+    jobs["one"] = (["1", "1", str(tmp_path / "one.json")], _env(1))
+    r = _run_all(jobs, tmp_path)
+    multi = json.loads(Path(out).read_text())
+    assert multi["describe"] == "4 devices (cpu, 2 process(es)): seed=1 x data=4"
+    np.testing.assert_allclose(multi["w"], r["one"]["w"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(multi["losses"], r["one"]["losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_single_device_is_the_plain_path():
+    assert jax.device_count() == 1, "the default test process must stay single-device"
+    assert sharding.mesh_from_config(None) is None
+    assert sharding.mesh_from_config({"devices": 1, "seed_devices": 1}) is None
+    assert sharding.data_devices(None) == 1
+    batch = {"obs": jnp.arange(6.0).reshape(3, 2)}
+    assert sharding.shard_batch(batch) is batch  # identity without a mesh, also for odd batch sizes
+    f = sharding.vmap_seeds(lambda x: x * 2)
+    np.testing.assert_array_equal(f(jnp.ones((2, 3))), 2 * np.ones((2, 3)))
+    sharding.check_divisible(None, seeds=3, num_envs=7)  # nothing to split
+
+
+def test_bad_mesh_config_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"mesh.devices=2 but 1 devices exist"):
+        sharding.make_mesh(2)
+    with pytest.raises(ValueError, match=r"mesh.seed_devices=2 must be >= 1 and divide"):
+        sharding.make_mesh(1, seed_devices=2)
+    mesh = AbstractMesh((2, 4), (sharding.SEED_AXIS, sharding.DATA_AXIS))
+    with pytest.raises(ValueError, match=r"num_envs=6, agent.batch_size=30 not divisible by the 4"):
+        sharding.check_divisible(mesh, seeds=2, num_envs=6, **{"agent.batch_size": 30})
+    with pytest.raises(ValueError, match=r"seeds=3 is not divisible by mesh.seed_devices=2"):
+        sharding.check_divisible(mesh, seeds=3, num_envs=8)
+    sharding.check_divisible(mesh, seeds=4, num_envs=8, batch_size=32)
+
+
+def test_shard_batch_rejects_batch_not_divisible_by_data_devices():
+    mesh = AbstractMesh((1, 4), (sharding.SEED_AXIS, sharding.DATA_AXIS))
+    with jax.sharding.use_abstract_mesh(mesh), pytest.raises(
+            ValueError, match=r"shape \(6, 2\).*not divisible by the 4 data-parallel"):
+        jax.eval_shape(sharding.shard_batch, {"obs": jnp.zeros((6, 2))})
+
+
+def test_runner_shardings_rejects_unknown_replicated_field():
+    with pytest.raises(ValueError, match=r"replicated fields \['agent'\] are not in the runner state"):
+        sharding.runner_shardings(jax.make_mesh((1, 1), ("seed", "data")), {"env": jnp.zeros((1, 2))})
+
+
+def test_distributed_disabled_by_default_and_checks_keys():
+    assert distributed.initialize(None) is False
+    assert distributed.initialize({"enabled": False, "coordinator_address": "x:1"}) is False
+    assert distributed.is_main_process()
+    with pytest.raises(ValueError, match=r"unknown keys in `distributed`: \['num_hosts'\]"):
+        distributed.initialize({"enabled": True, "num_hosts": 2})
+    with pytest.raises(ValueError, match=r"num_processes and distributed.process_id must be set together"):
+        distributed.initialize({"enabled": True, "num_processes": 2})
+    with pytest.raises(ValueError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
+        distributed.initialize({"enabled": True, "num_processes": 2, "process_id": 2})
