@@ -49,7 +49,7 @@ from buffers.rows import RowState
 class SequenceState:
     rows: RowState  # data [E, T, ...], written [E], online_start [E]
     done: jax.Array  # [E*T] bool: done_fn of the step stored at each slot
-    remaining: jax.Array  # [E*T] int32: remaining(slot), 0 for slots never written
+    remaining: jax.Array  # [E*T] int32: remaining(slot) of period-aligned slots (others stale), 0 if unwritten
     base: jax.Array  # [E*T] float32 eligible * remaining**power (only with priorities, else shape [0])
     priority: jax.Array  # [E*T] float32 priority**alpha (only with priorities, else shape [0])
     max_priority: jax.Array  # float32 []: largest raw priority set so far (1 initially)

@@ -40,14 +40,13 @@ class RowsRef:
         w = self.written(e)
         return range(max(0, w - self.T), w)
 
-    def storage(self, key: str, zeros: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Expected `[E, T, ...]` storage of leaf `key` and a `[E, T]` mask of positions ever written."""
-        out, known = zeros.copy(), np.zeros((self.E, self.T), bool)
+    def storage(self, key: str, zeros: np.ndarray) -> np.ndarray:
+        """Expected `[E, T, ...]` storage of leaf `key` (zeros where never written)."""
+        out = zeros.copy()
         for e in range(self.E):
             for a in self.present(e):
                 out[e, a % self.T] = self.hist[e][a][key]
-                known[e, a % self.T] = True
-        return out, known
+        return out
 
     def abs_of_slot(self, slot: int) -> int | None:
         """Absolute step held at flat slot e*T + pos, or None if never written."""
@@ -88,7 +87,7 @@ def test_rows_match_reference_under_async_writes(ops, seed):
         ref.add(steps, ids, mask)
     np.testing.assert_array_equal(state.written, [ref.written(e) for e in range(E)])
     for key in ("x", "v", "done"):
-        want, known = ref.storage(key, np.zeros_like(np.asarray(state.data[key])))
+        want = ref.storage(key, np.zeros_like(np.asarray(state.data[key])))
         np.testing.assert_array_equal(np.asarray(state.data[key]), want)
     got = peek(state, np.arange(E, dtype=np.int32))
     for e in range(E):
@@ -106,9 +105,12 @@ def test_rows_scan_and_vmap_match_python_loop():
     masks = rng.random((K, E)) < 0.7
     xs = {"x": rng.integers(0, 100, (K, E)).astype(np.int32), "v": rng.normal(size=(K, E, 2)).astype(np.float32),
           "done": rng.random((K, E)) < 0.3}
+    def at(tree, t):
+        return jax.tree_util.tree_map(lambda a: a[t], tree)
+
     looped = buf.init(PROTO)
     for t in range(K):
-        looped = buf.add(looped, jax.tree_util.tree_map(lambda a: a[t], xs), ids[t], masks[t])
+        looped = buf.add(looped, at(xs, t), ids[t], masks[t])
 
     def body(s, inp):
         steps, i, m = inp
@@ -124,7 +126,7 @@ def test_rows_scan_and_vmap_match_python_loop():
     jax.tree_util.tree_map(lambda b, one: np.testing.assert_array_equal(b[0], one), vscan, looped)
     looped2 = buf.init(PROTO)
     for t in range(K):
-        looped2 = buf.add(looped2, jax.tree_util.tree_map(lambda a: a[K - 1 - t], xs), ids[t], masks[t])
+        looped2 = buf.add(looped2, at(xs, K - 1 - t), ids[t], masks[t])
     jax.tree_util.tree_map(lambda b, one: np.testing.assert_array_equal(b[1], one), vscan, looped2)
     peeked = jax.vmap(buf.peek, in_axes=(0, None))(vscan, np.arange(E, dtype=np.int32))
     np.testing.assert_array_equal(peeked["x"][0], buf.peek(looped, np.arange(E))["x"])

@@ -1,0 +1,330 @@
+"""Sequence buffer (buffers/sequences.py) against a plain NumPy reference under random operation sequences."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from buffers import sumtree
+from buffers.checks import BufferInputError
+from buffers.sequences import make_sequence_buffer
+from tests.buffers.test_rows import PROTO, STRIDE, RowsRef, make_steps
+
+E, T, L = 3, 7, 3
+
+CONFIGS = [
+    {},
+    {"period": 2, "cross_episodes": False, "length_power": 1.0},
+    {"start": "episode", "cross_episodes": False, "complete_only": True, "priority_exponent": 0.6},
+    {"period": 3, "priority_exponent": 1.0, "length_power": 0.5, "complete_only": True},
+    {"start": "episode", "length_power": 2.0},
+    {"period": 2, "start": "episode", "cross_episodes": False, "priority_exponent": 0.5, "length_power": 1.0},
+]
+
+
+class SeqRef(RowsRef):
+    """Reference sequence semantics: remaining, eligibility, priorities and weights from the full history."""
+
+    def __init__(self, cfg: dict, num_envs=E, capacity=T, length=L):
+        super().__init__(num_envs, capacity)
+        self.L = length
+        self.period = cfg.get("period", 1)
+        self.start = cfg.get("start", "any")
+        self.cross = cfg.get("cross_episodes", True)
+        self.complete = cfg.get("complete_only", False)
+        self.power = cfg.get("length_power", 0.0)
+        self.alpha = cfg.get("priority_exponent")
+        self.prio = np.zeros(num_envs * capacity)  # priority ** alpha per slot
+        self.max_p = 1.0
+
+    def done(self, e, a) -> bool:
+        return bool(self.hist[e][a]["done"])
+
+    def add(self, steps, env_ids, mask=None):
+        for i, e in enumerate(np.asarray(env_ids)):
+            if mask is None or bool(np.asarray(mask)[i]):
+                if self.alpha is not None:
+                    self.prio[int(e) * self.T + self.written(int(e)) % self.T] = self.max_p ** self.alpha
+                self.hist[int(e)].append({k: np.asarray(v)[i] for k, v in steps.items()})
+
+    def set_priorities(self, slots, priorities):
+        for s, p in zip(slots, priorities):
+            self.prio[int(s)] = float(p) ** self.alpha
+        self.max_p = max(self.max_p, float(np.max(priorities)))
+
+    def remaining(self, e, a) -> int:
+        if a not in self.present(e):
+            return 0
+        r = min(self.L, self.written(e) - a)
+        if not self.cross:
+            for i in range(r):
+                if self.done(e, a + i):
+                    return i + 1
+        return r
+
+    def eligible(self, e, a) -> bool:
+        r = self.remaining(e, a)
+        return (r > 0 and a % self.period == 0
+                and (self.start == "any" or a == 0 or self.done(e, a - 1))
+                and (not self.complete or r == self.L or self.done(e, a + r - 1)))
+
+    def weights(self) -> np.ndarray:
+        w = np.zeros(self.E * self.T)
+        for e in range(self.E):
+            for a in self.present(e):
+                slot = e * self.T + a % self.T
+                if self.eligible(e, a):
+                    w[slot] = float(self.remaining(e, a)) ** self.power
+                    if self.alpha is not None:
+                        w[slot] *= self.prio[slot]
+        return w
+
+    def remaining_array(self) -> np.ndarray:
+        """remaining per slot; -1 where the buffer does not track it (starts off the period)."""
+        r = np.zeros(self.E * self.T, np.int64)
+        for e in range(self.E):
+            for a in self.present(e):
+                r[e * self.T + a % self.T] = self.remaining(e, a) if a % self.period == 0 else -1
+        return r
+
+
+def check_sequences(sample, ref: SeqRef, weights: np.ndarray | None, x_key="x"):
+    """Every sampled sequence: an eligible start, the reference mask, the reference data in its valid part
+    (the counter proves it is contiguous in time and from one env), and the episode rules."""
+    total = None if weights is None else weights.sum()
+    for b in range(len(sample.slots)):
+        slot, e = int(sample.slots[b]), int(sample.env_ids[b])
+        assert slot // ref.T == e
+        a = ref.abs_of_slot(slot)
+        assert a is not None, "sampled a slot never written"
+        rem = ref.remaining(e, a)
+        assert ref.eligible(e, a), (e, a)
+        np.testing.assert_array_equal(sample.mask[b], np.arange(ref.L) < rem)
+        x = np.asarray(sample.data[x_key][b][:rem])
+        np.testing.assert_array_equal(x, e * STRIDE + a + np.arange(rem))  # contiguous, one env
+        np.testing.assert_array_equal(sample.data["v"][b][:rem], np.stack([ref.hist[e][a + i]["v"] for i in range(rem)]))
+        dones = np.asarray(sample.data["done"][b][:rem])
+        if not ref.cross:
+            assert not dones[:-1].any(), "sequence crosses an episode boundary"
+        assert a % ref.period == 0
+        if ref.start == "episode":
+            assert a == 0 or ref.done(e, a - 1)
+        if weights is not None:
+            np.testing.assert_allclose(float(sample.probabilities[b]), weights[slot] / total, rtol=1e-4)
+
+
+def jitted(buf) -> SimpleNamespace:
+    """The buffer's ops, each jitted once (tests reuse them across calls and hypothesis examples)."""
+    names = ["add", "set_priorities", "can_sample", "consume_online", "can_sample_online", "peek"]
+    ops = {n: jax.jit(getattr(buf, n)) for n in names}
+    for n in ("sample", "sample_starts", "sample_online"):
+        ops[n] = jax.jit(getattr(buf, n), static_argnums=2)
+    ops["sample_mixed"] = jax.jit(buf.sample_mixed, static_argnums=(2, 3))
+    return SimpleNamespace(buf=buf, init=buf.init, **ops)
+
+
+@functools.cache
+def fns(i: int):
+    j = jitted(make_sequence_buffer(E, T, L, **CONFIGS[i]))
+    return j.buf, j.add, j.sample, j.set_priorities
+
+
+def op_strategy():
+    add = st.tuples(st.just("add"), st.permutations(range(E)), st.lists(st.booleans(), min_size=E, max_size=E))
+    other = st.tuples(st.sampled_from(["sample", "prio"]), st.integers(0, 2**16), st.none())
+    return st.lists(st.one_of(add, add, add, other), min_size=1, max_size=45)
+
+
+@given(cfg=st.integers(0, len(CONFIGS) - 1), ops=op_strategy(), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_sequences_match_reference(cfg, ops, seed):
+    """Weights, remaining lengths and samples agree with the reference after every operation, across
+    wrap-around, uneven rows (random env subsets in random order) and episode boundaries."""
+    buf, add, sample, set_prio = fns(cfg)
+    rng = np.random.default_rng(seed)
+    state, ref = buf.init(PROTO), SeqRef(CONFIGS[cfg])
+    for kind, arg, mask in ops:
+        if kind == "add":
+            ids = np.array(arg, np.int32)
+            steps = make_steps(ref, ids, rng, done_p=0.3)
+            state = add(state, steps, ids, np.array(mask))
+            ref.add(steps, ids, mask)
+        elif kind == "prio" and ref.alpha is not None:
+            slots = rng.choice(E * T, size=4, replace=False).astype(np.int32)
+            p = rng.choice([0.0, 0.5, 1.0, 3.0], size=4).astype(np.float32)
+            state = set_prio(state, slots, p)
+            ref.set_priorities(slots, p)
+        elif kind == "sample":
+            w = ref.weights()
+            s = sample(state, jax.random.key(arg), 8)
+            assert bool(buf.can_sample(state)) == (w.sum() > 0)
+            if w.sum() > 0:
+                check_sequences(s, ref, w)
+            else:
+                assert not np.asarray(s.mask).any() and not np.asarray(s.probabilities).any()
+    w = ref.weights()
+    np.testing.assert_allclose(np.asarray(state.tree.levels[-1][: E * T]), w, rtol=1e-5, atol=1e-7)
+    want_rem = ref.remaining_array()
+    np.testing.assert_array_equal(np.asarray(state.remaining)[want_rem >= 0], want_rem[want_rem >= 0])
+    np.testing.assert_allclose(float(sumtree.total(state.tree)), w.sum(), rtol=1e-5)
+    if w.sum() > 0:
+        check_sequences(sample(state, jax.random.key(seed), 16), ref, w)
+
+
+def test_r2d2_periodic_starts_long_run():
+    """R2D2 layout (L=8, period 4, T=30 not a multiple of the period): after many wraps every sample starts
+    on a multiple of the period, is contiguous and from one env; stale weights are cleared on overwrite."""
+    cfg = {"period": 4, "priority_exponent": 0.9}
+    buf = make_sequence_buffer(4, 30, 8, **cfg)
+    ref = SeqRef(cfg, 4, 30, 8)
+    add, sample = jax.jit(buf.add), jax.jit(buf.sample, static_argnums=2)
+    state, rng = buf.init(PROTO), np.random.default_rng(1)
+    for _ in range(137):
+        ids = rng.permutation(4).astype(np.int32)
+        mask = np.arange(4) < rng.integers(1, 5)
+        steps = make_steps(ref, ids, rng, done_p=0.05)
+        state = add(state, steps, ids, mask)
+        ref.add(steps, ids, mask)
+    w = ref.weights()
+    np.testing.assert_allclose(np.asarray(state.tree.levels[-1][:120]), w, rtol=1e-5)
+    check_sequences(sample(state, jax.random.key(0), 256), ref, w)
+
+
+def test_sampling_frequencies_follow_length_power_and_priorities():
+    """>= 100k draws: empirical start frequencies match eligible * remaining**power * p**alpha / sum
+    (chi-square), and zero-weight starts are never drawn."""
+    cfg = {"cross_episodes": False, "length_power": 1.5, "priority_exponent": 0.7, "period": 2}
+    buf = jitted(make_sequence_buffer(3, 9, 4, **cfg))
+    ref = SeqRef(cfg, 3, 9, 4)
+    rng = np.random.default_rng(3)
+    state = buf.init(PROTO)
+    for _ in range(16):
+        ids = rng.permutation(3).astype(np.int32)
+        mask = rng.random(3) < 0.8
+        steps = make_steps(ref, ids, rng, done_p=0.2)
+        state = buf.add(state, steps, ids, mask)
+        ref.add(steps, ids, mask)
+    slots = np.arange(0, 27, 2, dtype=np.int32)
+    p = rng.uniform(0.0, 4.0, size=len(slots)).astype(np.float32)
+    p[0] = 0.0
+    state = buf.set_priorities(state, slots, p)
+    ref.set_priorities(slots, p)
+    w = ref.weights()
+    assert (w > 0).sum() >= 6
+    n = 200_000
+    s = buf.sample_starts(state, jax.random.key(42), n)
+    counts = np.bincount(np.asarray(s.slots), minlength=27)
+    assert counts[w == 0].sum() == 0
+    expected = w[w > 0] / w.sum() * n
+    chi2, pval = stats.chisquare(counts[w > 0], expected)
+    assert pval > 1e-3, (chi2, pval, counts, w)
+    np.testing.assert_allclose(np.asarray(s.probabilities), (w / w.sum())[np.asarray(s.slots)], rtol=1e-4)
+
+
+def test_empty_and_ineligible_buffers():
+    buf = jitted(make_sequence_buffer(2, 5, 3, start="episode", min_size=4))
+    state = buf.init(PROTO)
+    s = buf.sample(state, jax.random.key(0), 4)
+    assert not np.asarray(s.mask).any() and not np.asarray(s.probabilities).any()
+    assert not bool(buf.can_sample(state))
+    steps = {"x": np.array([0, 1000], np.int32), "v": np.zeros((2, 2), np.float32), "done": np.zeros(2, bool)}
+    state = buf.add(state, steps, np.array([0, 1], np.int32))
+    assert not bool(buf.can_sample(state))  # eligible starts exist but fewer than min_size steps
+    state = buf.add(state, steps, np.array([0, 1], np.int32))
+    assert bool(buf.can_sample(state))
+
+
+def test_set_priorities_with_duplicates_stays_consistent():
+    buf = jitted(make_sequence_buffer(2, 6, 2, priority_exponent=0.5))
+    state = buf.init(PROTO)
+    for t in range(4):
+        steps = {"x": np.full(2, t, np.int32), "v": np.zeros((2, 2), np.float32), "done": np.zeros(2, bool)}
+        state = buf.add(state, steps, np.array([0, 1], np.int32))
+    state = buf.set_priorities(state, np.array([1, 1, 7, 1], np.int32), np.array([4.0, 9.0, 16.0, 1.0]))
+    leaves = np.asarray(state.tree.levels[-1][:12])
+    np.testing.assert_allclose(leaves, np.asarray(state.base) * np.asarray(state.priority), rtol=1e-6)
+    assert float(state.priority[7]) == pytest.approx(4.0)
+    assert float(state.max_priority) == 16.0
+    # A slot written after that gets the max priority seen (16 ** 0.5).
+    state = buf.add(state, {"x": np.full(1, 9, np.int32), "v": np.zeros((1, 2), np.float32),
+                            "done": np.zeros(1, bool)}, np.array([0], np.int32))
+    assert float(state.priority[4]) == pytest.approx(4.0)
+
+
+def test_bad_config_and_calls():
+    with pytest.raises(ValueError, match="capacity_per_env .* must exceed sequence_length"):
+        make_sequence_buffer(2, 4, 4)
+    with pytest.raises(ValueError, match="start must be"):
+        make_sequence_buffer(2, 8, 4, start="middle")
+    with pytest.raises(ValueError, match="online_window"):
+        make_sequence_buffer(2, 8, 4, online_window=9)
+    buf = make_sequence_buffer(2, 8, 4)
+    state = buf.init(PROTO)
+    with pytest.raises(BufferInputError, match="priority_exponent"):
+        buf.set_priorities(state, np.zeros(2, np.int32), np.ones(2))
+    with pytest.raises(BufferInputError, match="done_fn cannot read"):
+        buf.init({"x": np.int32(0)})
+    with pytest.raises(BufferInputError, match="online_window > 0"):
+        buf.sample_online(state, jax.random.key(0), 2)
+    pbuf = make_sequence_buffer(2, 8, 4, priority_exponent=0.6)
+    with pytest.raises(BufferInputError, match=r"priorities: expected shape \(2,\)"):
+        pbuf.set_priorities(pbuf.init(PROTO), np.zeros(2, np.int32), np.ones(3))
+    with pytest.raises(BufferInputError, match="slots: expected an integer array"):
+        pbuf.set_priorities(pbuf.init(PROTO), np.zeros(2, np.float32), np.ones(2))
+
+
+def test_custom_done_fn_and_attribute_free_steps():
+    """done_fn reads any leaf (here terminated | truncated); the episode rules follow it."""
+    proto = {"t": np.int32(0), "term": False, "trunc": False}
+    buf = jitted(make_sequence_buffer(1, 10, 4, cross_episodes=False,
+                                      done_fn=lambda s: jnp.logical_or(s["term"], s["trunc"])))
+    state = buf.init(proto)
+    for t in range(6):
+        state = buf.add(state, {"t": np.array([t], np.int32), "term": np.array([t == 1]),
+                                "trunc": np.array([t == 3])}, np.array([0], np.int32))
+    np.testing.assert_array_equal(np.asarray(state.remaining[:6]), [2, 1, 2, 1, 2, 1])
+
+
+def test_jit_scan_vmap_of_every_op():
+    """add/sample/set_priorities/peek/can_sample/online ops inside one jitted scan, vmapped over 2 seeds,
+    equal the same ops run one seed at a time."""
+    buf = make_sequence_buffer(E, T, L, period=1, cross_episodes=False, length_power=1.0,
+                               priority_exponent=0.6, online_window=4)
+    K = 10
+    rng = np.random.default_rng(5)
+    ids = np.stack([rng.permutation(E) for _ in range(K)]).astype(np.int32)
+    xs = {"x": np.arange(K * E, dtype=np.int32).reshape(K, E), "v": rng.normal(size=(K, E, 2)).astype(np.float32),
+          "done": rng.random((K, E)) < 0.3}
+
+    def run(key):
+        def body(s, inp):
+            steps, i, k = inp
+            k1, k2, k3 = jax.random.split(k, 3)
+            s = buf.add(s, steps, i)
+            smp = buf.sample(s, k1, 4)
+            s = buf.set_priorities(s, smp.slots, jnp.abs(smp.data["v"][:, 0, 0]) + 0.1)
+            mixed = buf.sample_mixed(s, k2, 4, 0.5)
+            s = jax.lax.cond(jax.random.bernoulli(k3), buf.consume_online, lambda z: z, s)
+            out = (smp.data["x"], smp.mask, mixed.data["x"], buf.can_sample(s), buf.can_sample_online(s),
+                   buf.peek(s, jnp.arange(E))["x"])
+            return s, out
+
+        keys = jax.random.split(key, K)
+        return jax.lax.scan(body, buf.init(PROTO), (xs, ids, keys))
+
+    keys = jax.random.split(jax.random.key(0), 2)
+    vs, vout = jax.jit(jax.vmap(run))(keys)
+    for i in range(2):
+        s1, out1 = jax.jit(run)(keys[i])
+        for b, one in zip(jax.tree_util.tree_leaves((vs, vout)), jax.tree_util.tree_leaves((s1, out1))):
+            np.testing.assert_array_equal(b[i], one)
+    consumed = jax.jit(jax.vmap(buf.consume_online))(vs)
+    assert not np.asarray(jax.vmap(buf.can_sample_online)(consumed)).any()
