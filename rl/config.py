@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -146,3 +147,15 @@ def check_resumable(saved: dict, cfg: DictConfig) -> None:
     walk(before, now, "")
     if diffs:
         raise ConfigError("cannot resume: the config differs from the saved run's:\n  " + "\n  ".join(diffs))
+
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
+    """The config `python -m scripts.train <overrides>` would use (hydra's compose API, no run dir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name="compose"):
+        return hydra_compose(config_name, overrides=list(overrides))

@@ -1,0 +1,192 @@
+"""DQN: double Q-learning with n-step returns, a target network (periodic copy or Polyak), epsilon-greedy
+exploration with linear decay, Huber or MSE loss, uniform or prioritised replay from buffers/nstep.py.
+
+Follows rl/agent.py. Replay ratio: every `train_interval` vector env steps (num_envs env steps each) the
+runner calls `train_step`, which makes `updates_per_train` gradient steps on batches of `batch_size`.
+Epsilon decays linearly over `epsilon_decay_steps` env steps counted from the first update; the env-step
+count is the learner's update count times the env steps per update, so it is exact in Anakin and follows
+the learner in Sebulba.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from buffers.nstep import make_nstep_buffer
+from buffers.priorities import importance_weights
+from rl.config import to_dataclass
+from rl.networks import NetworkConfig, make_q_network
+from rl.optim import OptimConfig, make_optimizer
+from rl.schedules import linear
+from rl.targets import LOSSES, q_target, td_loss
+
+
+@dataclasses.dataclass
+class Config:
+    """configs/agent/dqn.yaml."""
+
+    name: str = "dqn"
+    gamma: float = 0.99
+    n_step: int = 1
+    batch_size: int = 64
+    buffer_size: int = 10_000  # transitions in all, split evenly into one row per env
+    learning_starts: int = 10_000  # env steps (summed over envs) before the first update
+    train_interval: int = 1  # vector env steps between train steps
+    updates_per_train: int = 1  # gradient steps per train step
+    target_update_period: int = 50  # gradient steps between target-network updates
+    tau: float = 1.0  # 1: copy the online params; < 1: Polyak averaging at every period
+    double_q: bool = True
+    loss: str = "huber"  # huber | mse
+    huber_delta: float = 1.0
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_decay_steps: int = 250_000  # env steps
+    eval_epsilon: float = 0.0  # epsilon of the evaluation policy (0: greedy)
+    priority_exponent: float | None = None  # None: uniform replay; alpha of prioritised replay
+    importance_exponent: float = 0.4  # beta of the importance weights (prioritised replay)
+    priority_epsilon: float = 1e-6  # added to |td| for new priorities
+    network: NetworkConfig = dataclasses.field(default_factory=NetworkConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+
+    def __post_init__(self):
+        if self.name != "dqn":
+            raise ValueError(f"agent.name must be 'dqn' for the DQN config, got {self.name!r}")
+        for key in ("n_step", "batch_size", "buffer_size", "train_interval", "updates_per_train",
+                    "target_update_period"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"agent.{key} must be >= 1, got {getattr(self, key)}")
+        if self.learning_starts < 0 or self.epsilon_decay_steps < 0:
+            raise ValueError("agent.learning_starts and agent.epsilon_decay_steps must be >= 0")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"agent.gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"agent.tau must be in (0, 1], got {self.tau}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"agent.loss must be one of {LOSSES}, got {self.loss!r}")
+        for key in ("epsilon_start", "epsilon_end", "eval_epsilon"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"agent.{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.priority_exponent is not None and self.priority_exponent < 0:
+            raise ValueError(f"agent.priority_exponent must be >= 0 or null, got {self.priority_exponent}")
+
+
+@struct.dataclass
+class DQNState:
+    params: Any
+    target_params: Any
+    opt_state: Any
+    updates: jax.Array  # int32 gradient steps taken
+
+
+class DQN:
+    """The DQN agent (rl/agent.py protocol) for one observation shape and action count."""
+
+    def __init__(self, cfg: Config, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
+                 num_envs: int):
+        capacity_per_env = cfg.buffer_size // num_envs
+        if capacity_per_env <= cfg.n_step:
+            raise ValueError(
+                f"agent.buffer_size={cfg.buffer_size} gives {capacity_per_env} steps per env for "
+                f"num_envs={num_envs}: need more than n_step={cfg.n_step}"
+            )
+        self.cfg, self.num_actions, self.num_envs = cfg, num_actions, num_envs
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), jnp.dtype(obs_dtype)
+        self.network = make_q_network(obs_shape, num_actions, cfg.network)
+        self.optimizer = make_optimizer(cfg.optim)
+        self.buffer = make_nstep_buffer(num_envs, capacity_per_env, cfg.n_step, cfg.gamma,
+                                        priority_exponent=cfg.priority_exponent,
+                                        min_size=max(cfg.batch_size // num_envs, 1))
+        self.train_interval = cfg.train_interval
+        self.learning_starts = max(cfg.learning_starts, cfg.batch_size)
+        self.batch_size = cfg.batch_size
+        env_steps_per_update = num_envs * cfg.train_interval / cfg.updates_per_train
+        self._epsilon = linear(cfg.epsilon_start, cfg.epsilon_end,
+                               int(round(cfg.epsilon_decay_steps / env_steps_per_update)))
+
+    # --- acting -------------------------------------------------------------------------------------
+    def init(self, key: jax.Array, obs_example: jax.Array) -> DQNState:
+        params = self.network.init(key, jnp.asarray(obs_example, self.obs_dtype)[None])
+        return DQNState(params=params, target_params=params, opt_state=self.optimizer.init(params),
+                        updates=jnp.zeros((), jnp.int32))
+
+    def initial_carry(self, num_envs: int):
+        return ()
+
+    def epsilon(self, state: DQNState) -> jax.Array:
+        """The exploration epsilon after `state.updates` gradient steps."""
+        return self._epsilon(state.updates)
+
+    def act(self, state: DQNState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
+            explore: bool = True):
+        q = self.network.apply(state.params, obs)
+        greedy = jnp.argmax(q, axis=-1).astype(jnp.int32)
+        eps = self.epsilon(state) if explore else self.cfg.eval_epsilon
+        k_explore, k_action = jax.random.split(key)
+        random_actions = jax.random.randint(k_action, greedy.shape, 0, self.num_actions, jnp.int32)
+        actions = jnp.where(jax.random.uniform(k_explore, greedy.shape) < eps, random_actions, greedy)
+        return actions, carry, {}
+
+    def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
+        return {"obs": obs, "action": action.astype(jnp.int32), "reward": reward.astype(jnp.float32),
+                "terminated": terminated.astype(bool), "truncated": truncated.astype(bool),
+                "next_obs": next_obs}
+
+    def step_prototype(self, obs_example: jax.Array):
+        obs = jnp.zeros(self.obs_shape, self.obs_dtype)
+        return {"obs": obs, "action": jnp.zeros((), jnp.int32), "reward": jnp.zeros((), jnp.float32),
+                "terminated": jnp.zeros((), bool), "truncated": jnp.zeros((), bool), "next_obs": obs}
+
+    # --- learning -----------------------------------------------------------------------------------
+    def _loss(self, params, target_params, batch):
+        cfg = self.cfg
+        q = self.network.apply(params, batch.obs)
+        q_taken = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
+        q_next_target = self.network.apply(target_params, batch.next_obs)
+        q_next_online = self.network.apply(params, batch.next_obs) if cfg.double_q else None
+        target = q_target(batch.reward, batch.discount, q_next_target, q_next_online)
+        td = target - q_taken
+        if cfg.priority_exponent is None:
+            weights = jnp.ones_like(td)
+        else:
+            weights = importance_weights(batch.probabilities, 1, cfg.importance_exponent)
+        loss = jnp.mean(weights * td_loss(td, cfg.loss, cfg.huber_delta))
+        return loss, (td, q_taken)
+
+    def _update(self, carry, key):
+        state, buffer_state = carry
+        cfg = self.cfg
+        batch = self.buffer.sample(buffer_state, key, cfg.batch_size)
+        grads, (td, q_taken) = jax.grad(self._loss, has_aux=True)(state.params, state.target_params, batch)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        if cfg.priority_exponent is not None:
+            buffer_state = self.buffer.set_priorities(buffer_state, batch.slots,
+                                                      jnp.abs(td) + cfg.priority_epsilon)
+        count = state.updates + 1
+        refresh = count % cfg.target_update_period == 0
+        target_params = jax.tree_util.tree_map(
+            lambda t, p: jnp.where(refresh, (1.0 - cfg.tau) * t + cfg.tau * p, t), state.target_params, params
+        )
+        metrics = {"loss": jnp.mean(td_loss(td, cfg.loss, cfg.huber_delta)), "q": jnp.mean(q_taken),
+                   "abs_td": jnp.mean(jnp.abs(td))}
+        state = DQNState(params=params, target_params=target_params, opt_state=opt_state, updates=count)
+        return (state, buffer_state), metrics
+
+    def train_step(self, state: DQNState, buffer_state, key: jax.Array):
+        keys = jax.random.split(key, self.cfg.updates_per_train)
+        (state, buffer_state), metrics = jax.lax.scan(self._update, (state, buffer_state), keys)
+        metrics = {k: v.mean() for k, v in metrics.items()}
+        metrics["epsilon"] = self.epsilon(state)
+        return state, buffer_state, metrics
+
+
+def make_agent(agent_cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
+               num_envs: int) -> DQN:
+    """Build DQN from its config section (DictConfig, dict or `Config`)."""
+    return DQN(to_dataclass(Config, agent_cfg, "agent"), obs_shape, obs_dtype, num_actions, num_envs)

@@ -1,0 +1,69 @@
+"""Evaluation: run the agent's evaluation policy (`act(..., explore=False)`) for K whole episodes.
+
+* `evaluate(agent, agent_state, source, key)`: K = `source.num_envs` episodes in parallel, one per env,
+  inside jit; returns returns `[K]` and lengths `[K]`. vmap it over seeds.
+* `evaluate_run(run_dir, episodes)`: load a training run's config and latest checkpoint and evaluate
+  every seed; returns returns `[S, K]` (what `python -m scripts.evaluate` prints).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl.agent import reset_carry
+
+
+def evaluate(agent, agent_state, source, key: jax.Array, max_steps: int | None = None):
+    """Returns `(returns [K], lengths [K])` of one episode in each of the K envs of `source`.
+
+    Envs whose episode has ended stop accumulating; the loop ends when all have ended or after
+    `max_steps` (default: the env's time limit, else 100_000) steps.
+    """
+    num = source.num_envs
+    limit = max_steps or source.max_episode_steps or 100_000
+    env_ids = jnp.arange(num)
+    k_reset, key = jax.random.split(key)
+    env_state, obs = source.reset(k_reset)
+    initial = agent.initial_carry(num)
+
+    def cond(c):
+        t, done = c[0], c[-1]
+        return (t < limit) & ~jnp.all(done)
+
+    def body(c):
+        t, env_state, obs, carry, key, returns, lengths, done = c
+        key, k_act, k_env = jax.random.split(key, 3)
+        action, carry, _ = agent.act(agent_state, obs, carry, k_act, env_ids, explore=False)
+        env_state, ts = source.step(env_state, action, k_env)
+        live = ~done
+        returns = returns + jnp.where(live, ts.reward, 0.0)
+        lengths = lengths + live.astype(jnp.int32)
+        ended = ts.terminated | ts.truncated
+        carry = reset_carry(carry, initial, ended)
+        return t + 1, env_state, ts.obs, carry, key, returns, lengths, done | ended
+
+    init = (jnp.zeros((), jnp.int32), env_state, obs, initial, key, jnp.zeros(num, jnp.float32),
+            jnp.zeros(num, jnp.int32), jnp.zeros(num, bool))
+    out = jax.lax.while_loop(cond, body, init)
+    return out[5], out[6]
+
+
+def evaluate_seeds(agent, agent_states, source, key: jax.Array):
+    """`evaluate` vmapped over the leading seed axis of `agent_states`: returns `[S, K]`, lengths `[S, K]`."""
+    num_seeds = jax.tree_util.tree_leaves(agent_states)[0].shape[0]
+    keys = jax.random.split(key, num_seeds)
+    fn = jax.jit(jax.vmap(lambda s, k: evaluate(agent, s, source, k)))
+    return fn(agent_states, keys)
+
+
+def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Greedy returns `[S, episodes]` of every seed of the training run saved in `run_dir`."""
+    from rl.anakin import restore_agent
+
+    agent, agent_states, source = restore_agent(run_dir, num_eval_envs=episodes)
+    returns, _ = evaluate_seeds(agent, agent_states, source, jax.random.PRNGKey(seed))
+    return np.asarray(returns)

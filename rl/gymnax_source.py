@@ -1,0 +1,122 @@
+"""gymnax envs as a batched, auto-resetting, jittable source (the Anakin runner's envs).
+
+`make_source(env_cfg, num_envs)` returns a `GymnaxSource` whose `reset`/`step` are vmapped over `E =
+num_envs` envs and pure (usable inside jit / scan / vmap over seeds):
+
+    reset(key) -> (env_state, obs [E, *obs_shape])
+    step(env_state, action [E], key) -> (env_state, Timestep)
+
+gymnax 1.0's `step` returns `(obs, state, reward, terminated, truncated, info)` and auto-resets: `obs` is
+already the first observation of the next episode where `terminated | truncated`, and
+`info["final_observation"]` is the observation the action led to. `Timestep.next_obs` is that final
+observation, so a truncated step can bootstrap from it; only `terminated` stops bootstrapping.
+
+`EpisodeStats` tracks the running return and length per env and reports finished episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnax
+import jax
+import jax.numpy as jnp
+from flax import struct
+from gymnax.environments import spaces
+
+from rl.wrappers import ObservationFeatureWrapper
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """`configs/env/*.yaml` for `source: gymnax`."""
+
+    source: str = "gymnax"
+    id: str = "CartPole-v1"  # any gymnax id, e.g. Acrobot-v1, Breakout-MinAtar
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # EnvParams overrides
+    obs_features: list[int] | None = None  # keep only these observation features (last axis)
+
+    def __post_init__(self):
+        if self.source != "gymnax":
+            raise ValueError(f"env.source must be 'gymnax' for a gymnax env config, got {self.source!r}")
+        if self.id not in gymnax.registered_envs:
+            raise ValueError(f"env.id={self.id!r} is not a gymnax environment; known ids: {gymnax.registered_envs}")
+
+
+@struct.dataclass
+class Timestep:
+    """What one batched env step produced (leading dim E)."""
+
+    obs: jax.Array  # [E, *obs_shape] observation to act on next (after auto-reset)
+    reward: jax.Array  # [E] float32
+    terminated: jax.Array  # [E] bool: the episode reached a terminal state (no bootstrap)
+    truncated: jax.Array  # [E] bool: the episode was cut by a time limit (bootstrap from next_obs)
+    next_obs: jax.Array  # [E, *obs_shape] observation the action led to, before any reset
+
+
+class GymnaxSource:
+    """`num_envs` copies of one gymnax env, vmapped, with auto-reset."""
+
+    def __init__(self, env, params, num_envs: int):
+        action_space = env.action_space(params)
+        if not isinstance(action_space, spaces.Discrete):
+            raise ValueError(f"{env.name}: only discrete action spaces are supported, got {action_space}")
+        self.env, self.params, self.num_envs = env, params, int(num_envs)
+        self.num_actions = int(action_space.n)
+        obs, _ = env.reset(jax.random.PRNGKey(0), params)
+        self.obs_shape = tuple(obs.shape)
+        self.obs_dtype = obs.dtype
+        self.max_episode_steps = int(getattr(params, "max_steps_in_episode", 0)) or None
+
+    def reset(self, key: jax.Array):
+        keys = jax.random.split(key, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+        return state, obs
+
+    def step(self, env_state, action: jax.Array, key: jax.Array):
+        keys = jax.random.split(key, self.num_envs)
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(
+            self.env.step, in_axes=(0, 0, 0, None)
+        )(keys, env_state, action, self.params)
+        ts = Timestep(obs=obs, reward=reward.astype(jnp.float32), terminated=terminated.astype(bool),
+                      truncated=truncated.astype(bool), next_obs=info["final_observation"])
+        return env_state, ts
+
+
+def make_source(env_cfg: Any, num_envs: int) -> GymnaxSource:
+    """Build the source from an `EnvConfig` (or its yaml section)."""
+    from rl.config import env_config
+
+    cfg = env_config(env_cfg)
+    env, params = gymnax.make(cfg.id)
+    if cfg.params:
+        known = {f.name for f in dataclasses.fields(params)}
+        unknown = sorted(set(cfg.params) - known)
+        if unknown:
+            raise ValueError(f"env.params: {unknown} are not parameters of {cfg.id}; known: {sorted(known)}")
+        params = params.replace(**cfg.params)
+    if cfg.obs_features is not None:
+        env = ObservationFeatureWrapper(env, cfg.obs_features, params)
+    return GymnaxSource(env, params, num_envs)
+
+
+@struct.dataclass
+class EpisodeStats:
+    """Running per-env episode return and length `[E]`."""
+
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+    @classmethod
+    def zeros(cls, num_envs: int) -> "EpisodeStats":
+        return cls(jnp.zeros(num_envs, jnp.float32), jnp.zeros(num_envs, jnp.int32))
+
+    def update(self, reward: jax.Array, done: jax.Array):
+        """Add one step; returns `(stats, finished)` where `finished` holds, for envs whose episode ended
+        at this step, its return and length (zeros elsewhere) and `done` as float."""
+        ret = self.episode_return + reward
+        length = self.episode_length + 1
+        finished = {"return": jnp.where(done, ret, 0.0), "length": jnp.where(done, length, 0),
+                    "count": done.astype(jnp.float32)}
+        return EpisodeStats(jnp.where(done, 0.0, ret), jnp.where(done, 0, length)), finished

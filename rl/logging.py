@@ -1,0 +1,199 @@
+"""Run logging on the host, between compiled chunks: a live progress bar (tqdm), wandb (offline by default,
+never needs a login), `metrics.csv` (one row per log and seed), `summary.json` and a learning-curve PNG in
+the run dir.
+
+Runners call, in order: `start(...)` once, `log(env_steps, metrics)` after every chunk with per-seed arrays
+`[S]` (or scalars), `summary(...)` at the end; scripts call `close()`, which writes the PNG and prints
+where everything is.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+RETURN_KEY = "episode_return"
+
+
+def _float(x) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+class RunLogger:
+    """Console progress, wandb, CSV/JSON metrics and the learning curve for one training run."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.history: list[dict] = []  # rows {"env_steps", "seed", metric: value}
+        self.wandb_id: str | None = None
+        self.paths: dict[str, Path] = {}
+        self._wandb = None
+        self._bar = None
+        self._csv_fields: list[str] | None = None
+        self._started = False
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def start(self, *, start_step: int, num_seeds: int, wandb_id: str | None = None,
+              history: list[dict] | None = None) -> None:
+        """Open the progress bar and wandb (resuming run `wandb_id` if given) from `start_step`."""
+        self.num_seeds = num_seeds
+        self.total_steps = int(self.cfg.total_steps)
+        self.history = list(history or [])
+        self._last = (time.perf_counter(), start_step)
+        self._recent = float("nan")
+        self._start_wandb(wandb_id)
+        if self.history:
+            self._rewrite_csv()
+        if self.cfg.logger.progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total_steps, initial=start_step, unit="step", unit_scale=True,
+                             dynamic_ncols=True, desc=f"{self.cfg.agent.name}/{self.cfg.env.id}")
+        self._started = True
+
+    def _start_wandb(self, wandb_id: str | None) -> None:
+        wcfg = self.cfg.logger.wandb
+        if wcfg.mode == "disabled":
+            return
+        import wandb
+
+        self._wandb = wandb.init(
+            mode=wcfg.mode, project=wcfg.project, entity=wcfg.entity, group=wcfg.group, name=wcfg.name,
+            tags=list(wcfg.tags), dir=str(self.run_dir), id=wandb_id, resume="allow" if wandb_id else None,
+            config=OmegaConf.to_container(self.cfg, resolve=True), settings=wandb.Settings(silent=True),
+        )
+        self.wandb_id = self._wandb.id
+
+    # --- logging ------------------------------------------------------------------------------------
+    def log(self, env_steps: int, metrics: dict[str, Any]) -> None:
+        """Record `metrics` (name -> `[S]` array or scalar) at `env_steps`."""
+        per_seed = {k: np.broadcast_to(np.asarray(v, np.float64), (self.num_seeds,)) for k, v in metrics.items()}
+        rows = [{"env_steps": int(env_steps), "seed": s, **{k: _float(v[s]) for k, v in per_seed.items()}}
+                for s in range(self.num_seeds)]
+        self.history.extend(rows)
+        self._append_csv(rows)
+        now = time.perf_counter()
+        sps = (env_steps - self._last[1]) / max(now - self._last[0], 1e-9)
+        self._last = (now, env_steps)
+        if RETURN_KEY in per_seed and not np.all(np.isnan(per_seed[RETURN_KEY])):
+            self._recent = float(np.nanmean(per_seed[RETURN_KEY]))
+        if self._wandb is not None:
+            data = {"sps": sps}
+            for k, v in per_seed.items():
+                if not np.all(np.isnan(v)):
+                    data[f"{k}/mean"] = float(np.nanmean(v))
+                if self.num_seeds > 1:
+                    data.update({f"{k}/seed{s}": float(v[s]) for s in range(self.num_seeds) if not np.isnan(v[s])})
+                else:
+                    data[k] = float(v[0])
+            self._wandb.log(data, step=int(env_steps))
+        if self._bar is not None:
+            self._bar.update(env_steps - self._bar.n)
+            self._bar.set_postfix(sps=f"{sps:,.0f}", ret=f"{self._recent:.1f}", refresh=False)
+
+    def _append_csv(self, rows: list[dict]) -> None:
+        path = self.run_dir / "metrics.csv"
+        fields = list(rows[0])
+        if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):
+            self._rewrite_csv()  # new metric names: rewrite with the union of the columns
+            return
+        new = self._csv_fields is None
+        self._csv_fields = self._csv_fields or fields
+        with path.open("w" if new else "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self._csv_fields, restval="")
+            if new:
+                writer.writeheader()
+            writer.writerows(rows)
+        self.paths["metrics"] = path
+
+    def _rewrite_csv(self) -> None:
+        path = self.run_dir / "metrics.csv"
+        fields: list[str] = []
+        for row in self.history:
+            fields += [k for k in row if k not in fields]
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields, restval="")
+            writer.writeheader()
+            writer.writerows(self.history)
+        self._csv_fields = fields
+        self.paths["metrics"] = path
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """Write `summary.json` (and the wandb summary) with final results."""
+        values = json.loads(json.dumps(values, default=lambda x: np.asarray(x).tolist()))
+        path = self.run_dir / "summary.json"
+        path.write_text(json.dumps(values, indent=2))
+        self.paths["summary"] = path
+        if self._wandb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)):
+                    self._wandb.summary[k] = v
+                elif isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in np.ravel(v)):
+                    self._wandb.summary[f"{k}/mean"] = float(np.mean(v))
+
+    def note(self, message: str) -> None:
+        """Print a line without breaking the progress bar."""
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> dict[str, Path]:
+        """Finish: learning-curve PNG, close the bar and wandb, print where the outputs are."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.cfg.logger.plot and self.history:
+            self.paths["learning_curve"] = plot_learning_curve(self.history, self.run_dir / "learning_curve.png",
+                                                               title=f"{self.cfg.agent.name} on {self.cfg.env.id}")
+        if self._wandb is not None:
+            self.paths["wandb"] = Path(self._wandb.dir).parent
+            self._wandb.finish()
+            self._wandb = None
+        if self._started:
+            print(f"run dir: {self.run_dir.absolute()}")
+            for name, path in sorted(self.paths.items()):
+                print(f"  {name}: {Path(path).absolute()}")
+        return self.paths
+
+
+def plot_learning_curve(history: list[dict], path: str | Path, key: str = RETURN_KEY, title: str = "") -> Path:
+    """Plot `key` against env steps, one line per seed plus the mean, into a PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted({row["seed"] for row in history})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    curves = []
+    for s in seeds:
+        pts = [(row["env_steps"], row.get(key)) for row in history if row["seed"] == s and row.get(key) is not None]
+        if pts:
+            x, y = map(np.asarray, zip(*pts))
+            ax.plot(x, y, lw=1, alpha=0.5 if len(seeds) > 1 else 1.0, label=f"seed {s}")
+            curves.append((x, y))
+    if len(curves) > 1:
+        steps = sorted({int(x) for c in curves for x in c[0]})
+        mean = [np.nanmean([c[1][c[0] == st][0] for c in curves if np.any(c[0] == st)]) for st in steps]
+        ax.plot(steps, mean, lw=2, color="black", label="mean")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(key.replace("_", " "))
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,53 @@
+"""Optimiser construction from config (optax)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optax
+
+OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
+LR_SCHEDULES = ("constant", "linear")
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """`optim:` section of an agent config."""
+
+    name: str = "adam"
+    lr: float = 2.5e-4
+    eps: float = 1e-8  # adam/adamw/rmsprop epsilon
+    weight_decay: float = 0.0  # adamw only
+    max_grad_norm: float = 0.0  # clip by global norm; 0 disables
+    lr_schedule: str = "constant"  # constant | linear (to lr * lr_end_fraction over the updates)
+    lr_end_fraction: float = 0.0
+
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {self.name!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"optim.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.max_grad_norm < 0 or self.eps < 0 or self.weight_decay < 0:
+            raise ValueError("optim.max_grad_norm, optim.eps and optim.weight_decay must be >= 0")
+
+
+def make_optimizer(cfg: OptimConfig, total_updates: int | None = None) -> optax.GradientTransformation:
+    """The optax transformation for `cfg`; a linear lr schedule needs `total_updates`."""
+    lr: float | optax.Schedule = cfg.lr
+    if cfg.lr_schedule == "linear":
+        if not total_updates:
+            raise ValueError("optim.lr_schedule='linear' needs the total number of updates")
+        lr = optax.linear_schedule(cfg.lr, cfg.lr * cfg.lr_end_fraction, total_updates)
+    if cfg.name == "adam":
+        opt = optax.adam(lr, eps=cfg.eps)
+    elif cfg.name == "adamw":
+        opt = optax.adamw(lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    elif cfg.name == "rmsprop":
+        opt = optax.rmsprop(lr, eps=cfg.eps, centered=True)
+    else:
+        opt = optax.sgd(lr)
+    if cfg.max_grad_norm > 0:
+        opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
+    return opt

@@ -1,0 +1,259 @@
+"""Training throughput: env steps per second (SPS) of the Anakin runner, compile time reported apart.
+
+    python -m scripts.bench_train agent=dqn env=cartpole [hydra overrides] [--steps N] [--seeds 1,16]
+
+For each seed count it compiles one chunk of the runner's loop (timed), then times `--steps` env steps
+per seed (SPS = env steps per seed x seeds / s). It also times the agent's buffer operations alone (the
+same number of `add` and `sample` calls in a jitted loop) and reports their share of the training time.
+
+With `agent=dqn` the PureJaxRL DQN CartPole hyperparameters are applied (`--no-preset` keeps the config's
+own): 10 envs, buffer 10k, batch 64, a gradient step every 10 env steps (every vector step), target copy
+every 500 env steps (50 updates), lr 2.5e-4, learning starts at 10k, MSE loss, plain (not double) DQN,
+a 120-84 MLP. A plain re-implementation of PureJaxRL's DQN loop (flashbax flat buffer, its structure)
+runs with the same hyperparameters in the same process, and the ratio of the two SPS is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import chex
+import flashbax as fbx
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rl.config import compose, validate
+
+PRESETS = {
+    "dqn": [
+        "num_envs=10", "agent.buffer_size=10000", "agent.batch_size=64", "agent.train_interval=1",
+        "agent.updates_per_train=1", "agent.target_update_period=50", "agent.tau=1.0", "agent.optim.lr=2.5e-4",
+        "agent.optim.max_grad_norm=0.0", "agent.learning_starts=10000", "agent.epsilon_start=1.0",
+        "agent.epsilon_end=0.05", "agent.epsilon_decay_steps=250000", "agent.gamma=0.99", "agent.n_step=1",
+        "agent.loss=mse", "agent.double_q=false", "agent.network.hidden_sizes=[120,84]",
+        "agent.network.dueling=false", "agent.priority_exponent=null",
+    ],
+}
+
+
+# --- a plain re-implementation of PureJaxRL's DQN loop (baseline) -------------------------------------
+class _QNet(nn.Module):
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Dense(120)(x))
+        x = nn.relu(nn.Dense(84)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+@chex.dataclass(frozen=True)
+class _Transition:
+    obs: chex.Array
+    action: chex.Array
+    reward: chex.Array
+    done: chex.Array
+
+
+def make_purejaxrl_dqn(env_id: str = "CartPole-v1", num_envs: int = 10, buffer_size: int = 10_000,
+                       batch_size: int = 64, lr: float = 2.5e-4, gamma: float = 0.99,
+                       learning_starts: int = 10_000, training_interval: int = 10,
+                       target_update_interval: int = 500, eps_start: float = 1.0, eps_end: float = 0.05,
+                       eps_anneal: int = 250_000):
+    """`(init(key) -> runner_state, run(runner_state, num_updates) -> (runner_state, returns))` following
+    PureJaxRL's DQN: one vector env step per update step, flashbax flat buffer of (obs, action, reward,
+    done) with next obs from the following entry, learning when timesteps % interval == 0."""
+    env, params = gymnax.make(env_id)
+    net = _QNet(env.num_actions)
+    tx = optax.adam(lr)
+    buffer = fbx.make_flat_buffer(max_length=buffer_size, min_length=batch_size, sample_batch_size=batch_size,
+                                  add_sequences=False, add_batch_size=num_envs)
+
+    def init(key):
+        k_env, k_net, key = jax.random.split(key, 3)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_env, num_envs), params)
+        p = net.init(k_net, obs[0])
+        proto = _Transition(obs=obs[0], action=jnp.int32(0), reward=jnp.float32(0), done=jnp.bool_(False))
+        ts = {"params": p, "target": p, "opt": tx.init(p), "timesteps": jnp.int32(0), "updates": jnp.int32(0)}
+        return ts, buffer.init(proto), env_state, obs, key, jnp.zeros(num_envs), jnp.zeros(num_envs)
+
+    def update_step(carry, _):
+        ts, bstate, env_state, last_obs, key, ep_ret, last_ret = carry
+        key, k_a, k_e, k_s, k_l = jax.random.split(key, 5)
+        q = net.apply(ts["params"], last_obs)
+        eps = jnp.clip(eps_start + (eps_end - eps_start) * ts["timesteps"] / eps_anneal, eps_end, eps_start)
+        greedy = jnp.argmax(q, -1)
+        rand = jax.random.randint(k_a, greedy.shape, 0, env.num_actions)
+        action = jnp.where(jax.random.uniform(k_e, greedy.shape) < eps, rand, greedy)
+        obs, env_state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(k_s, num_envs), env_state, action, params)
+        done = term | trunc
+        ep_ret = ep_ret + reward
+        last_ret = jnp.where(done, ep_ret, last_ret)
+        ep_ret = jnp.where(done, 0.0, ep_ret)
+        ts = {**ts, "timesteps": ts["timesteps"] + num_envs}
+        bstate = buffer.add(bstate, _Transition(obs=last_obs, action=action, reward=reward, done=done))
+
+        def learn(ts):
+            batch = buffer.sample(bstate, k_l).experience
+            q_next = jnp.max(net.apply(ts["target"], batch.second.obs), -1)
+            target = batch.first.reward + (1 - batch.first.done) * gamma * q_next
+
+            def loss_fn(p):
+                qv = net.apply(p, batch.first.obs)
+                chosen = jnp.take_along_axis(qv, batch.first.action[:, None], -1)[:, 0]
+                return jnp.mean((chosen - target) ** 2)
+
+            grads = jax.grad(loss_fn)(ts["params"])
+            upd, opt = tx.update(grads, ts["opt"], ts["params"])
+            return {**ts, "params": optax.apply_updates(ts["params"], upd), "opt": opt,
+                    "updates": ts["updates"] + 1}
+
+        learn_time = (buffer.can_sample(bstate) & (ts["timesteps"] > learning_starts)
+                      & (ts["timesteps"] % training_interval == 0))
+        ts = jax.lax.cond(learn_time, learn, lambda ts: ts, ts)
+        ts = jax.lax.cond(ts["timesteps"] % target_update_interval == 0,
+                          lambda ts: {**ts, "target": optax.incremental_update(ts["params"], ts["target"], 1.0)},
+                          lambda ts: ts, ts)
+        return (ts, bstate, env_state, obs, key, ep_ret, last_ret), None
+
+    def run(carry, num_updates: int):
+        carry, _ = jax.lax.scan(update_step, carry, None, num_updates)
+        return carry, carry[-1]
+
+    return init, run
+
+
+# --- timing -------------------------------------------------------------------------------------------
+def _block(tree):
+    jax.block_until_ready(tree)
+    return tree
+
+
+def bench_runner(overrides: list[str], seeds: int, steps: int) -> dict:
+    """Compile time and SPS of the Anakin runner for `steps` env steps per seed."""
+    from rl.anakin import Anakin
+
+    cfg = compose([*overrides, f"seeds={seeds}", f"total_steps={steps}", "logger=none"])
+    validate(cfg)
+    runner = Anakin(cfg)
+    iters = runner.total_iters
+    state, it = _block(runner.init())
+    t0 = time.perf_counter()
+    compiled = runner.chunk.lower(state, it, iters).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state, it, out = _block(compiled(state, it))
+    run_s = time.perf_counter() - t0
+    env_steps = iters * runner.steps_per_iter
+    result = {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "env_steps": env_steps,
+              "sps": env_steps * seeds / run_s, "sps_per_seed": env_steps / run_s,
+              "return": np.asarray(out["episode_return"]).tolist()}
+    result.update(bench_buffer(runner, iters, seeds))
+    result["buffer_share"] = (result["buffer_add_s"] + result["buffer_sample_s"]) / run_s
+    return result
+
+
+def bench_buffer(runner, iters: int, seeds: int) -> dict:
+    """Seconds for the buffer ops of `iters` iterations alone: `train_interval` adds of `num_envs` steps
+    and one sample of `agent.batch_size` (when the agent has one) per iteration, vmapped over seeds."""
+    agent, E = runner.agent, runner.num_envs
+    state, _ = runner.init()
+    buf = state.buffer
+    steps = jax.tree_util.tree_map(
+        lambda x: jnp.broadcast_to(x, (seeds, E) + x.shape), agent.step_prototype(state.obs[0, 0]))
+    env_ids = jnp.arange(E)
+
+    def adds(b):
+        def body(b, _):
+            return jax.vmap(lambda bb, st: agent.buffer.add(bb, st, env_ids))(b, steps), None
+
+        return jax.lax.scan(body, b, None, iters * agent.train_interval)[0]
+
+    add_fn = jax.jit(adds, donate_argnums=0).lower(buf).compile()
+    t0 = time.perf_counter()
+    buf = _block(add_fn(buf))
+    add_s = time.perf_counter() - t0
+    sample_s = 0.0
+    batch = getattr(agent, "batch_size", None)
+    if batch:
+        def samples(b, key):
+            def body(key, _):
+                key, k = jax.random.split(key)
+                ks = jax.random.split(k, seeds)
+                out = jax.vmap(lambda bb, kk: agent.buffer.sample(bb, kk, batch))(b, ks)
+                return key, jax.tree_util.tree_map(lambda x: x.ravel()[0].astype(jnp.float32), out)
+
+            return jax.lax.scan(body, key, None, iters)[1]
+
+        sample_fn = jax.jit(samples).lower(buf, jax.random.PRNGKey(0)).compile()
+        t0 = time.perf_counter()
+        _block(sample_fn(buf, jax.random.PRNGKey(0)))
+        sample_s = time.perf_counter() - t0
+    return {"buffer_add_s": add_s, "buffer_sample_s": sample_s}
+
+
+def bench_baseline(seeds: int, steps: int, **kwargs) -> dict:
+    """Compile time and SPS of the PureJaxRL-style loop (vmapped over seeds like the runner)."""
+    init, run = make_purejaxrl_dqn(**kwargs)
+    num_envs = kwargs.get("num_envs", 10)
+    updates = -(-steps // num_envs)
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+    carry = _block(jax.jit(jax.vmap(init))(keys))
+    fn = jax.jit(jax.vmap(lambda c: run(c, updates)), donate_argnums=0)
+    t0 = time.perf_counter()
+    compiled = fn.lower(carry).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    carry, last_ret = _block(compiled(carry))
+    run_s = time.perf_counter() - t0
+    env_steps = updates * num_envs
+    return {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "env_steps": env_steps,
+            "sps": env_steps * seeds / run_s, "return": np.asarray(last_ret.mean(-1)).tolist()}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=500_000, help="env steps per seed (default 500k)")
+    parser.add_argument("--seeds", default="1,16", help="comma-separated vmapped seed counts")
+    parser.add_argument("--no-preset", action="store_true", help="keep the config's own hyperparameters")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the PureJaxRL-style baseline")
+    args, overrides = parser.parse_known_args(argv)
+    bad = [o for o in overrides if o.startswith("-")]
+    if bad:
+        parser.error(f"unknown options {bad}; hydra overrides look like key=value")
+    agent = next((o.split("=", 1)[1] for o in overrides if o.startswith("agent=")), "dqn")
+    env = next((o.split("=", 1)[1] for o in overrides if o.startswith("env=")), "cartpole")
+    preset = [] if args.no_preset else PRESETS.get(agent, [])
+    overrides = preset + overrides
+    baseline = not args.no_baseline and agent == "dqn" and env == "cartpole" and not args.no_preset
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({os.cpu_count()} cpus); agent={agent} env={env}; "
+          f"{args.steps} env steps per seed")
+    if preset:
+        print("preset:", " ".join(preset))
+    results = []
+    for seeds in (int(s) for s in args.seeds.split(",")):
+        r = bench_runner(overrides, seeds, args.steps)
+        line = (f"[ours]     seeds={seeds:3d}  compile {r['compile_s']:6.1f}s  run {r['run_s']:7.2f}s  "
+                f"SPS {r['sps']:12,.0f}  buffer ops {100 * r['buffer_share']:5.1f}% "
+                f"(add {r['buffer_add_s']:.2f}s, sample {r['buffer_sample_s']:.2f}s)  "
+                f"last return {np.nanmean(r['return']):.1f}")
+        print(line, flush=True)
+        if baseline:
+            b = bench_baseline(seeds, args.steps)
+            r["baseline"] = b
+            print(f"[purejaxrl] seeds={seeds:3d}  compile {b['compile_s']:6.1f}s  run {b['run_s']:7.2f}s  "
+                  f"SPS {b['sps']:12,.0f}  last return {np.mean(b['return']):.1f}", flush=True)
+            print(f"           ratio ours / purejaxrl-style: {r['sps'] / b['sps']:.2f}x", flush=True)
+        results.append(r)
+    return results
+
+
+if __name__ == "__main__":
+    main()
