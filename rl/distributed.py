@@ -1,4 +1,6 @@
-"""Multi-host start: `jax.distributed.initialize` configured from the `distributed` config section.
+"""Multi-host start (`jax.distributed.initialize` from the `distributed` config section) and the config
+dataclasses of the `distributed` and `mesh` sections (typed in rl/config.py:TrainConfig; this module
+imports JAX only when it starts the runtime, so composing configs stays light).
 
 One process runs per host (or per GPU, with `local_device_ids`); every process runs the same command.
 After `initialize`, `jax.devices()` lists the devices of all processes and the mesh of `rl/sharding.py`
@@ -25,11 +27,24 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import jax
+
+@dataclasses.dataclass
+class MeshConfig:
+    """`mesh` section: which devices the Anakin runner uses (rl/sharding.py).
+
+    devices: devices used in all (over all hosts); null = every device (`jax.device_count()`).
+    seed_devices: how many of them split the vmapped seeds; the rest (`devices / seed_devices`) split
+        envs, buffer and batch of each seed.
+    """
+
+    devices: int | None = None
+    seed_devices: int = 1
 
 
 @dataclasses.dataclass
 class DistributedConfig:
+    """`distributed` section (see the module docstring)."""
+
     enabled: bool = False
     coordinator_address: str | None = None
     num_processes: int | None = None
@@ -44,6 +59,8 @@ def initialize(section: Mapping | DistributedConfig | None) -> bool:
 
     Must run before any JAX computation. Idempotent: a second call (e.g. a resumed run in the same
     process) does nothing."""
+    import jax
+
     cfg = _as_config(section)
     if not cfg.enabled:
         return False
@@ -63,6 +80,8 @@ def initialize(section: Mapping | DistributedConfig | None) -> bool:
 
 def is_main_process() -> bool:
     """True on the process that writes logs and checkpoints (process 0)."""
+    import jax
+
     return jax.process_index() == 0
 
 

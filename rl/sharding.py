@@ -34,22 +34,11 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rl.distributed import MeshConfig
+
 PyTree = Any
 SEED_AXIS = "seed"
 DATA_AXIS = "data"
-
-
-@dataclasses.dataclass
-class MeshConfig:
-    """`mesh` section of the config: which devices the Anakin runner uses.
-
-    devices: devices used in all (over all hosts); null = every device (`jax.device_count()`).
-    seed_devices: how many of them split the vmapped seeds; the rest (`devices / seed_devices`) split
-        envs, buffer and batch of each seed.
-    """
-
-    devices: int | None = None
-    seed_devices: int = 1
 
 
 def make_mesh(devices: int | None = None, seed_devices: int = 1) -> Mesh:
