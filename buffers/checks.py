@@ -91,3 +91,13 @@ def check_index_array(name: str, x, length: int | None = None, ndim: int = 1):
         raise BufferInputError(f"{name}: expected shape {want}, received {shape}")
     if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
         raise BufferInputError(f"{name}: expected an integer array, received dtype {jnp.result_type(x)}")
+
+
+def check_float_array(name: str, x, shape: tuple[int, ...]):
+    """Static check that `x` is a real-valued (float or int) array of exactly `shape`."""
+    got = tuple(np.shape(x))
+    if got != tuple(shape):
+        raise BufferInputError(f"{name}: expected shape {tuple(shape)}, received {got}")
+    dtype = jnp.result_type(x)
+    if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        raise BufferInputError(f"{name}: expected a float array, received dtype {dtype}")
