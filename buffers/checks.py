@@ -19,7 +19,9 @@ def as_prototype(item):
     """Turn a prototype item (Python scalars, NumPy or JAX arrays) into a tree of `ShapeDtypeStruct`."""
     leaves = jax.tree_util.tree_leaves(item)
     if not leaves:
-        raise BufferInputError("the prototype item is an empty pytree: a buffer needs at least one array leaf")
+        raise BufferInputError(
+            "the prototype item is an empty pytree: a buffer needs at least one array leaf"
+        )
 
     def spec(x):
         x = jnp.asarray(x) if not hasattr(x, "dtype") else x
@@ -74,7 +76,9 @@ def check_items(prototype, items, batch_dims: tuple[int, ...] | None, what: str 
             jnp.issubdtype(dtype, jnp.bool_) == jnp.issubdtype(spec.dtype, jnp.bool_)
         )
         if dtype != spec.dtype and not (weak and same_kind):
-            raise BufferInputError(f"{what} leaf {_path(path)}: expected dtype {spec.dtype}, received {dtype}")
+            raise BufferInputError(
+                f"{what} leaf {_path(path)}: expected dtype {spec.dtype}, received {dtype}"
+            )
     return tuple(lead)
 
 

@@ -11,7 +11,8 @@ Sampling an empty buffer returns cluster 0, index 0 and the zero row `data[0, 0]
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -149,4 +150,6 @@ class ClusteredBuffer:
 
 def make_clustered_buffer(num_clusters: int, capacity_per_cluster: int, min_size: int = 1) -> ClusteredBuffer:
     """K = `num_clusters` circular sub-buffers of `capacity_per_cluster` items each."""
-    return ClusteredBuffer(num_clusters=num_clusters, capacity_per_cluster=capacity_per_cluster, min_size=min_size)
+    return ClusteredBuffer(
+        num_clusters=num_clusters, capacity_per_cluster=capacity_per_cluster, min_size=min_size
+    )

@@ -12,7 +12,8 @@ first write); `can_sample` is False then, and callers gate on it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

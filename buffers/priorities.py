@@ -30,7 +30,9 @@ def sequence_priority(abs_td: jax.Array, mask: jax.Array | None = None, eta: flo
     if mask is None:
         mask = jnp.ones(abs_td.shape, bool)
     if mask.shape != abs_td.shape:
-        raise ValueError(f"sequence_priority: mask shape {mask.shape} differs from abs_td shape {abs_td.shape}")
+        raise ValueError(
+            f"sequence_priority: mask shape {mask.shape} differs from abs_td shape {abs_td.shape}"
+        )
     mask = mask.astype(bool)
     count = jnp.sum(mask, axis=-1)
     mx = jnp.max(jnp.where(mask, abs_td, 0.0), axis=-1)

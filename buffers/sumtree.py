@@ -59,7 +59,7 @@ def get(tree: SumTree, indices: jax.Array) -> jax.Array:
     return jnp.take(tree.levels[-1], indices, mode="fill", fill_value=0)
 
 
-def set(tree: SumTree, indices: jax.Array, values: jax.Array) -> SumTree:  # noqa: A001 - mirrors `.at[].set`
+def set(tree: SumTree, indices: jax.Array, values: jax.Array) -> SumTree:
     """Set leaves `indices` ([B] int) to `values` ([B], >= 0) and refresh their ancestors.
 
     With duplicate indices the value written is one of the duplicates' (unspecified which); the tree stays
