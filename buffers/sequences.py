@@ -76,6 +76,19 @@ class Starts:
     probabilities: jax.Array  # [B] float32
 
 
+def _pick(weights, u):
+    """Inverse CDF over the last axis: index j with cum[j-1] <= u < cum[j], never a zero weight while the
+    row's total is positive; `weights [B or 1, K]`, `u [B]` -> `(j [B], u - cum[j-1])`."""
+    cum = jnp.cumsum(weights, axis=-1)
+    cum = jnp.broadcast_to(cum, (u.shape[0], cum.shape[-1]))
+    w = jnp.broadcast_to(weights, cum.shape)
+    j = jnp.sum(cum <= u[:, None], axis=-1)
+    last_nonzero = jnp.max(jnp.where(w > 0, jnp.arange(w.shape[-1]), 0), axis=-1)
+    j = jnp.minimum(j, last_nonzero)
+    below = jnp.take_along_axis(cum - w, j[:, None], axis=-1)[:, 0]
+    return j, jnp.maximum(u - below, 0.0)
+
+
 def _default_done(step):
     return step["done"]
 
@@ -266,7 +279,7 @@ class SequenceBuffer:
 
     # ---- online queue -----------------------------------------------------------------------------------
     def _online_weights(self, state: SequenceState):
-        """Slots [E*W] of the queue starts and their weights [E*W]."""
+        """Slots [E, W] of the queue starts and their weights [E, W]."""
         W, T = self.online_window, self.capacity_per_env
         if W == 0:
             raise checks.BufferInputError("the online queue needs a buffer made with online_window > 0")
@@ -274,22 +287,24 @@ class SequenceBuffer:
         queued = jnp.minimum(written - state.rows.online_start, W)
         k = jnp.arange(W)
         a = written[:, None] - queued[:, None] + k[None, :]
-        slots = (jnp.arange(self.num_envs)[:, None] * T + a % T).reshape(-1)
-        w = jnp.where((k[None, :] < queued[:, None]).reshape(-1), self._base_of(state, slots), 0.0)
+        slots = jnp.arange(self.num_envs)[:, None] * T + a % T
+        w = jnp.where(k[None, :] < queued[:, None], self._base_of(state, slots), 0.0)
         return slots, w
 
     def sample_online(self, state: SequenceState, key, batch_size: int) -> SequenceSample:
-        """`batch_size` sequences starting inside the online queue, weighted like the replay minus priority."""
+        """`batch_size` sequences starting inside the online queue, weighted like the replay minus priority.
+
+        Two-level inverse-CDF draw (env, then start within its queue): O(E*W + B*(E+W)), no loop.
+        """
         slots, w = self._online_weights(state)
-        cum = jnp.cumsum(w)
-        tot = cum[-1]
-        u = jax.random.uniform(key, (batch_size,)) * tot
-        i = jnp.searchsorted(cum, u, side="right")
-        last_nonzero = jnp.max(jnp.where(w > 0, jnp.arange(w.shape[0]), 0))
-        i = jnp.minimum(i, last_nonzero)
+        row_tot = jnp.sum(w, axis=1)  # [E]
+        u = jax.random.uniform(key, (batch_size,)) * jnp.sum(row_tot)
+        env, u = _pick(row_tot[None, :], u)
+        k, _ = _pick(w[env], u)
+        tot = jnp.sum(row_tot)
         ok = tot > 0
-        probs = jnp.where(ok, w[i] / jnp.where(ok, tot, 1.0), 0.0)
-        chosen = jnp.where(ok, slots[i], 0)
+        chosen = jnp.where(ok, slots[env, k], 0)
+        probs = jnp.where(ok, w[env, k] / jnp.where(ok, tot, 1.0), 0.0)
         rem = jnp.where(ok, state.remaining[chosen], 0)
         return self._sequences(state, self._starts(chosen, rem, probs))
 
