@@ -1,0 +1,364 @@
+"""Muesli (Hessel et al. 2021, "Muesli: Combining Improvements in Policy Optimization").
+
+Acting: the policy head on the representation of the observation (no search). Learning, per train step,
+on B sequences of L steps drawn from one sequence buffer: round(B * (1 - replay_fraction)) from its online
+queue (the freshest unconsumed steps, consumed after every train step) and the rest from replay.
+
+Targets come from the target ("prior") network, an EMA of the online parameters (rate 0.1):
+* one-step look-ahead q(s, a) = r(s, a) + gamma v(s') through the learned model, for every action, and
+  the baseline v(s) = E_{pi_prior} q(s, .);
+* Retrace (lambda 0.95) over the sequence with pi_prior as target policy and the stored behaviour
+  log-probabilities: G_t estimates q(s_t, a_t), V_t the state value (rl/retrace.py);
+* advantages normalised by a running second moment of the Retrace advantages G_t - v(s_t) (EMA, beta 0.99);
+* CMPO: pi_cmpo(a|s) proportional to pi_prior(a|s) exp(clip((q(s, a) - v(s)) / sigma, -c, c)).
+
+Losses on the online network: clipped-importance-weight policy gradient with the Retrace advantage (weight
+3), KL(pi_cmpo || pi) at the root (weight 1), and the model loss over a K=5 step unroll from every sampled
+state: KL(pi_cmpo(s_{t+k}) || pi^k), value cross-entropy towards V_{t+k} (weight 0.25) and reward
+cross-entropy towards r_{t+k-1} (weight 1), both categorical over an h(x)-rescaled two-hot support.
+Unroll steps past an episode end (or past the stored data) are masked; the value after a terminal step
+is trained towards 0.
+
+Shapes: B batch, L sequence length, K unroll steps, A actions, N atoms, S model state size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+import rlax
+from flax import struct
+
+from agents.muesli_networks import MuesliNetwork, MuesliNetworkConfig, make_network
+from buffers.sequences import make_sequence_buffer
+from rl.categorical import CategoricalSupport
+from rl.optim import OptimConfig, make_optimizer
+from rl.retrace import RetraceTargets, retrace_coefficients, retrace_targets
+
+
+@dataclasses.dataclass
+class Config:
+    """Muesli hyper-parameters; defaults are the paper's Atari settings (Hessel et al. 2021, Tables 5-6, 9)
+    where it gives them. configs/agent/muesli.yaml repeats them with their sources."""
+
+    name: str = "muesli"
+    network: MuesliNetworkConfig = dataclasses.field(default_factory=MuesliNetworkConfig)
+    # Categorical value and reward: num_atoms atoms over [support_min, support_max] in h-space.
+    num_atoms: int = 601
+    support_min: float = -300.0
+    support_max: float = 300.0
+    # Data.
+    batch_size: int = 96  # sequences per train step
+    sequence_length: int = 30
+    replay_fraction: float = 0.75  # share of each batch drawn from replay; the rest from the online queue
+    replay_capacity: int = 1_500_000  # env steps stored in all (split evenly over the env rows)
+    length_power: float = 1.0  # sequence starts weighted by (valid steps from the start) ** power
+    train_interval: int = 30  # vector env steps between train steps
+    learning_starts: int = 10_000  # env steps (summed over envs) before the first train step
+    # Learning.
+    unroll_steps: int = 5  # K
+    discount: float = 0.995
+    retrace_lambda: float = 0.95
+    target_update_rate: float = 0.1  # EMA step of the target/prior network towards the online one
+    adv_var_decay: float = 0.99  # beta of the advantage second-moment EMA
+    adv_var_eps: float = 1e-12
+    cmpo_clip: float = 1.0  # c
+    pg_weight: float = 3.0
+    cmpo_weight: float = 1.0
+    model_policy_weight: float = 1.0
+    value_weight: float = 0.25
+    reward_weight: float = 1.0
+    dynamics_grad_scale: float = 0.5  # gradient scale entering each model step (as in MuZero)
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=3e-4, max_grad_norm=10.0))
+
+    def __post_init__(self):
+        def check(ok: bool, what: str):
+            if not ok:
+                raise ValueError(f"agent.{what}")
+
+        check(self.name == "muesli", f"name must be 'muesli', got {self.name!r}")
+        check(self.num_atoms >= 2, f"num_atoms must be >= 2, got {self.num_atoms}")
+        check(self.support_max > self.support_min, "support_max must be > support_min")
+        check(self.batch_size >= 1 and self.sequence_length >= 2,
+              f"batch_size >= 1 and sequence_length >= 2 needed, got {self.batch_size}, {self.sequence_length}")
+        check(0.0 <= self.replay_fraction <= 1.0, f"replay_fraction must be in [0, 1], got {self.replay_fraction}")
+        check(self.train_interval >= 1, f"train_interval must be >= 1, got {self.train_interval}")
+        check(self.learning_starts >= 0, f"learning_starts must be >= 0, got {self.learning_starts}")
+        check(self.unroll_steps >= 1, f"unroll_steps must be >= 1, got {self.unroll_steps}")
+        check(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
+        check(0.0 <= self.retrace_lambda <= 1.0, f"retrace_lambda must be in [0, 1], got {self.retrace_lambda}")
+        check(0.0 < self.target_update_rate <= 1.0, f"target_update_rate must be in (0, 1], got "
+                                                    f"{self.target_update_rate}")
+        check(0.0 <= self.adv_var_decay < 1.0, f"adv_var_decay must be in [0, 1), got {self.adv_var_decay}")
+        check(self.cmpo_clip > 0, f"cmpo_clip must be > 0, got {self.cmpo_clip}")
+        check(0.0 <= self.dynamics_grad_scale <= 1.0, f"dynamics_grad_scale must be in [0, 1], got "
+                                                     f"{self.dynamics_grad_scale}")
+        check(self.optim.lr_schedule == "constant", "optim.lr_schedule must be 'constant' for Muesli (the agent "
+                                                    "does not know the run's total number of updates)")
+
+
+@struct.dataclass
+class MuesliState:
+    params: Any
+    target_params: Any
+    opt_state: Any
+    adv_ema: rlax.EmaState  # EMA of the mean and second moment of the Retrace advantages
+    updates: jax.Array  # int32[] train steps taken
+
+
+@struct.dataclass
+class Targets:
+    """Everything the loss needs from the target network, `[B, L, ...]`, no gradient."""
+
+    retrace: RetraceTargets  # q, v, mask: [B, L]
+    cmpo_log_probs: jax.Array  # [B, L, A]
+    pg_advantage: jax.Array  # [B, L] normalised Retrace advantage
+
+
+def cmpo_log_probs(prior_logits: jax.Array, advantages: jax.Array, clip: float) -> jax.Array:
+    """log pi_cmpo `[..., A]`: log softmax of log pi_prior + clip(advantages, -clip, clip)."""
+    log_prior = jax.nn.log_softmax(prior_logits, axis=-1)
+    return jax.nn.log_softmax(log_prior + jnp.clip(advantages, -clip, clip), axis=-1)
+
+
+def episode_index(done: jax.Array) -> jax.Array:
+    """`[..., L]` bool done -> int32 number of episode ends strictly before each step."""
+    ends = jnp.cumsum(done.astype(jnp.int32), axis=-1)
+    return ends - done.astype(jnp.int32)
+
+
+def unroll_indices(length: int, unroll_steps: int) -> jax.Array:
+    """int32 `[L, K+1]`: index t + k of the step that unroll step k from t stands for, clipped to L - 1."""
+    idx = jnp.arange(length)[:, None] + jnp.arange(unroll_steps + 1)[None, :]
+    return jnp.minimum(idx, length - 1)
+
+
+def unroll_masks(valid: jax.Array, terminated: jax.Array, truncated: jax.Array, unroll_steps: int):
+    """Which unroll targets exist, for sequences `[B, L]`; returns `[B, L, K+1]` bools.
+
+    `same[t, k]`: step t + k exists (inside the sequence and the stored data) and belongs to the episode of
+    step t. `policy`/`value` targets at unroll step k need `same[t, k]`; the `reward` target at k >= 1 (for
+    the action taken at t + k - 1) needs `same[t, k - 1]`; `absorbing[t, k]` (k >= 1): step t + k - 1 ended
+    its episode by termination, so the model state after it has value 0.
+    """
+    B, L = valid.shape
+    idx = jnp.arange(L)[:, None] + jnp.arange(unroll_steps + 1)[None, :]  # [L, K+1], unclipped
+    inside = idx < L
+    cidx = jnp.minimum(idx, L - 1)
+    episode = episode_index(terminated | truncated)  # [B, L]
+    same = inside[None] & valid[:, cidx] & (episode[:, cidx] == episode[:, :, None]) & valid[:, :, None]
+    prev_same = jnp.concatenate([jnp.zeros_like(same[..., :1]), same[..., :-1]], axis=-1)
+    prev_idx = jnp.maximum(cidx - 1, 0)
+    absorbing = prev_same & terminated[:, prev_idx]
+    return same, prev_same, absorbing
+
+
+def _episode_end(step) -> jax.Array:
+    return step["terminated"] | step["truncated"]
+
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    mask = mask.astype(x.dtype)
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+class MuesliAgent:
+    """The agent surface of rl/agent.py; static configuration and pure methods."""
+
+    def __init__(self, cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
+        self.cfg = cfg
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.obs_dtype = jnp.dtype(obs_dtype)
+        self.num_actions = int(num_actions)
+        self.num_envs = int(num_envs)
+        self.train_interval = cfg.train_interval
+        self.learning_starts = cfg.learning_starts
+        self.network = make_network(self.obs_shape, self.num_actions, cfg.num_atoms, cfg.network)
+        self.support = CategoricalSupport(cfg.num_atoms, cfg.support_min, cfg.support_max)
+        self.optimizer = make_optimizer(cfg.optim)
+        capacity_per_env = max(cfg.replay_capacity // self.num_envs, cfg.sequence_length + 1)
+        self.online_batch = int(round(cfg.batch_size * (1.0 - cfg.replay_fraction)))
+        self.buffer = make_sequence_buffer(
+            num_envs=self.num_envs, capacity_per_env=capacity_per_env, sequence_length=cfg.sequence_length,
+            period=1, start="any", cross_episodes=True, length_power=cfg.length_power,
+            online_window=cfg.sequence_length, done_fn=_episode_end)
+
+    # ---- the rl/agent.py surface -------------------------------------------------------------------
+
+    def init(self, key: jax.Array, obs_example: jax.Array) -> MuesliState:
+        params = self.network.init(key, jnp.asarray(obs_example)[None])
+        # A copy, not the same arrays: runners donate the state, and one buffer cannot be donated twice.
+        target_params = jax.tree_util.tree_map(jnp.copy, params)
+        return MuesliState(params=params, target_params=target_params, opt_state=self.optimizer.init(params),
+                           adv_ema=rlax.EmaState(mu=jnp.zeros(()), nu=jnp.zeros(()), decay_product=jnp.ones(())),
+                           updates=jnp.zeros((), jnp.int32))
+
+    def initial_carry(self, num_envs: int):
+        return ()
+
+    def act(self, state: MuesliState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
+            explore: bool = True):
+        """Sample from the policy head (argmax when `explore` is False); extras hold the behaviour
+        log-probability of the chosen action, which Retrace needs."""
+        logits, _ = self._apply(state.params, MuesliNetwork.predict,
+                                self._apply(state.params, MuesliNetwork.represent, obs))
+        if explore:
+            action = jax.random.categorical(key, logits, axis=-1)
+        else:
+            action = jnp.argmax(logits, axis=-1)
+        action = action.astype(jnp.int32)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), action[:, None], axis=-1)[:, 0]
+        return action, carry, {"behaviour_logp": logp}
+
+    def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
+        return {"obs": obs.astype(self.obs_dtype), "action": action.astype(jnp.int32),
+                "reward": reward.astype(jnp.float32), "terminated": terminated.astype(bool),
+                "truncated": truncated.astype(bool), "behaviour_logp": extras["behaviour_logp"].astype(jnp.float32)}
+
+    def step_prototype(self, obs_example: jax.Array):
+        return {"obs": jnp.zeros(self.obs_shape, self.obs_dtype), "action": jnp.zeros((), jnp.int32),
+                "reward": jnp.zeros((), jnp.float32), "terminated": jnp.zeros((), bool),
+                "truncated": jnp.zeros((), bool), "behaviour_logp": jnp.zeros((), jnp.float32)}
+
+    def train_step(self, state: MuesliState, buffer_state, key: jax.Array):
+        """Sample online + replay sequences, consume the online queue, take one Adam step, move the target
+        network and the advantage statistics."""
+        sample = self.buffer.sample_mixed(buffer_state, key, self.cfg.batch_size,
+                                          1.0 - self.cfg.replay_fraction)
+        buffer_state = self.buffer.consume_online(buffer_state)
+        state, metrics = self.update(state, sample.data, sample.mask)
+        n_on = self.online_batch
+        metrics = {**metrics, "online_steps": jnp.sum(sample.mask[:n_on]).astype(jnp.float32),
+                   "replay_steps": jnp.sum(sample.mask[n_on:]).astype(jnp.float32)}
+        return state, buffer_state, metrics
+
+    # ---- learning -------------------------------------------------------------------------------------
+
+    def update(self, state: MuesliState, batch: dict, valid: jax.Array):
+        """One learner update on sequences `batch` `[B, L, ...]` with validity `valid` `[B, L]`."""
+        targets, adv_ema, target_metrics = self.targets(state, batch, valid)
+        grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        target_params = optax.incremental_update(params, state.target_params, self.cfg.target_update_rate)
+        metrics = {**metrics, **target_metrics, "grad_norm": optax.global_norm(grads)}
+        state = MuesliState(params=params, target_params=target_params, opt_state=opt_state, adv_ema=adv_ema,
+                            updates=state.updates + 1)
+        return state, metrics
+
+    def _apply(self, params, method, *args):
+        return self.network.apply(params, *args, method=method)
+
+    def lookahead(self, params, states: jax.Array):
+        """One-step look-ahead for every action: states `[..., S]` -> q `[..., A]` (r + gamma v')."""
+        actions = jnp.broadcast_to(jnp.arange(self.num_actions), states.shape[:-1] + (self.num_actions,))
+        tiled = jnp.broadcast_to(states[..., None, :], states.shape[:-1] + (self.num_actions, states.shape[-1]))
+        next_states, reward_logits = self._apply(params, MuesliNetwork.step, tiled, actions)
+        _, next_value_logits = self._apply(params, MuesliNetwork.predict, next_states)
+        return (self.support.logits_to_scalar(reward_logits)
+                + self.cfg.discount * self.support.logits_to_scalar(next_value_logits))
+
+    def targets(self, state: MuesliState, batch: dict, valid: jax.Array):
+        """Retrace, CMPO and advantage targets from the target network; updates the advantage EMA."""
+        cfg = self.cfg
+        params = state.target_params
+        states = self._apply(params, MuesliNetwork.represent, batch["obs"])  # [B, L, S]
+        prior_logits, _ = self._apply(params, MuesliNetwork.predict, states)
+        q = self.lookahead(params, states)  # [B, L, A]
+        # The baseline is E_prior q of the same look-ahead, so that q and v are consistent (Retrace's v, the
+        # CMPO and policy-gradient advantages are all relative to it).
+        v = jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1)  # [B, L]
+        action = batch["action"]
+        log_prior_taken = jnp.take_along_axis(jax.nn.log_softmax(prior_logits), action[..., None], -1)[..., 0]
+        q_taken = jnp.take_along_axis(q, action[..., None], -1)[..., 0]
+        c = retrace_coefficients(log_prior_taken, batch["behaviour_logp"], cfg.retrace_lambda)
+        retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=cfg.discount))(
+            q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
+        advantage = retrace.q - v
+        # Running second moment of the Retrace advantages (masked batch mean; no update on an empty batch).
+        mask = retrace.mask.astype(jnp.float32)
+        count = jnp.sum(mask)
+        batch_mean = jnp.sum(advantage * mask) / jnp.maximum(count, 1.0)
+        batch_m2 = jnp.sum(jnp.square(advantage) * mask) / jnp.maximum(count, 1.0)
+        decay = cfg.adv_var_decay
+        moved = rlax.EmaState(mu=decay * state.adv_ema.mu + (1 - decay) * batch_mean,
+                              nu=decay * state.adv_ema.nu + (1 - decay) * batch_m2,
+                              decay_product=state.adv_ema.decay_product * decay)
+        adv_ema = jax.tree_util.tree_map(lambda new, old: jnp.where(count > 0, new, old), moved, state.adv_ema)
+        tiny = jnp.finfo(jnp.float32).tiny
+        second_moment = adv_ema.nu / jnp.maximum(1.0 - adv_ema.decay_product, tiny)
+        scale = jnp.sqrt(second_moment + cfg.adv_var_eps)
+        log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, cfg.cmpo_clip)
+        targets = Targets(retrace=retrace, cmpo_log_probs=log_cmpo, pg_advantage=advantage / scale)
+        metrics = {"adv_scale": scale, "value_prior": _masked_mean(v, valid),
+                   "retrace_target": _masked_mean(retrace.v, retrace.mask)}
+        return targets, adv_ema, metrics
+
+    def unroll(self, params, states: jax.Array, actions: jax.Array):
+        """Unroll the model K steps from every state: states `[B, L, S]`, actions `[B, L, K]` ->
+        (policy logits `[B, L, K+1, A]`, value logits `[B, L, K+1, N]`, reward logits `[B, L, K, N]`);
+        index 0 is the root."""
+
+        def body(s, a):
+            s = s * self.cfg.dynamics_grad_scale + jax.lax.stop_gradient(s) * (1 - self.cfg.dynamics_grad_scale)
+            s, reward_logits = self._apply(params, MuesliNetwork.step, s, a)
+            return s, (s, reward_logits)
+
+        _, (model_states, reward_logits) = jax.lax.scan(body, states, jnp.moveaxis(actions, -1, 0))
+        all_states = jnp.concatenate([states[None], model_states], axis=0)  # [K+1, B, L, S]
+        policy_logits, value_logits = self._apply(params, MuesliNetwork.predict, all_states)
+        return (jnp.moveaxis(policy_logits, 0, 2), jnp.moveaxis(value_logits, 0, 2),
+                jnp.moveaxis(reward_logits, 0, 2))
+
+    def loss(self, params, targets: Targets, batch: dict, valid: jax.Array):
+        """The Muesli loss on sequences `[B, L]`; returns (loss, metrics)."""
+        cfg = self.cfg
+        K = cfg.unroll_steps
+        L = valid.shape[1]
+        idx = unroll_indices(L, K)  # [L, K+1]
+        action = batch["action"]
+        states = self._apply(params, MuesliNetwork.represent, batch["obs"])
+        policy_logits, value_logits, reward_logits = self.unroll(params, states, action[:, idx[:, :-1]])
+        log_pi = jax.nn.log_softmax(policy_logits, axis=-1)  # [B, L, K+1, A]
+        same, prev_same, absorbing = unroll_masks(valid, batch["terminated"], batch["truncated"], K)
+
+        # Policy gradient at the root, clipped importance weight pi/mu, Retrace advantage.
+        log_pi_taken = jnp.take_along_axis(log_pi[:, :, 0], action[..., None], -1)[..., 0]
+        rho = jax.lax.stop_gradient(jnp.minimum(1.0, jnp.exp(log_pi_taken - batch["behaviour_logp"])))
+        pg_loss = _masked_mean(-rho * targets.pg_advantage * log_pi_taken, targets.retrace.mask)
+
+        # KL(pi_cmpo || pi) at the root and at the model states.
+        cmpo = targets.cmpo_log_probs[:, idx]  # [B, L, K+1, A]
+        kl = jnp.sum(jnp.exp(cmpo) * (cmpo - log_pi), axis=-1)  # [B, L, K+1]
+        cmpo_loss = _masked_mean(kl[:, :, 0], valid)
+        model_policy_loss = _masked_mean(kl[:, :, 1:], same[:, :, 1:])
+
+        # Value: Retrace V at steps of the same episode; 0 right after a termination.
+        has_value = same & targets.retrace.mask[:, idx]
+        value_mask = has_value | absorbing
+        value_target = jnp.where(has_value, targets.retrace.v[:, idx], 0.0)
+        value_loss = _masked_mean(self.support.cross_entropy(value_logits, value_target), value_mask)
+
+        # Reward of the action taken at t + k - 1.
+        reward_target = batch["reward"][:, idx[:, :-1]]  # [B, L, K]
+        reward_loss = _masked_mean(self.support.cross_entropy(reward_logits, reward_target), prev_same[:, :, 1:])
+
+        loss = (cfg.pg_weight * pg_loss + cfg.cmpo_weight * cmpo_loss + cfg.model_policy_weight * model_policy_loss
+                + cfg.value_weight * value_loss + cfg.reward_weight * reward_loss)
+        entropy = -jnp.sum(jnp.exp(log_pi[:, :, 0]) * log_pi[:, :, 0], axis=-1)
+        metrics = {"loss": loss, "pg_loss": pg_loss, "cmpo_kl": cmpo_loss, "model_policy_loss": model_policy_loss,
+                   "value_loss": value_loss, "reward_loss": reward_loss, "entropy": _masked_mean(entropy, valid),
+                   "valid_fraction": jnp.mean(valid.astype(jnp.float32))}
+        return loss, metrics
+
+
+def make_agent(agent_cfg, *, obs_shape, obs_dtype, num_actions, num_envs) -> MuesliAgent:
+    """Build Muesli from the `agent` config section (dict, DictConfig or `Config`)."""
+    from rl.config import to_dataclass
+
+    cfg = to_dataclass(Config, agent_cfg, "agent")
+    return MuesliAgent(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions, num_envs=num_envs)

@@ -1,0 +1,141 @@
+"""Muesli's networks (Hessel et al. 2021): representation, learned dynamics, policy/value/reward heads.
+
+* `represent(obs [..., *obs_shape]) -> state [..., S]`: a torso (MLP, MinAtar/Nature CNN from rl/networks.py,
+  or the IMPALA CNN from rl/impala.py) and a linear projection, layer-normalised.
+* `predict(state [..., S]) -> (policy_logits [..., A], value_logits [..., N])`: shared by the root state and
+  every model state.
+* `step(state [..., S], action [...]) -> (next_state [..., S], reward_logits [..., N])`: the dynamics model,
+  a residual MLP over (state, one-hot action), layer-normalised; the reward is predicted for the
+  transition. (The paper's model is an LSTM over actions; a residual MLP is used here.)
+
+Value and reward logits are over the categorical support of rl/categorical.py (N atoms). Their output
+layers start at zero, so the initial value and reward read back as 0; the policy starts near uniform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from rl.impala import ImpalaCNN
+from rl.networks import ACTIVATIONS, NetworkConfig, _channels_first, make_torso
+
+TORSOS = ("auto", "mlp", "small_cnn", "nature_cnn", "impala")
+
+
+@dataclasses.dataclass
+class MuesliNetworkConfig:
+    """`network:` section of the Muesli config."""
+
+    torso: str = "auto"  # auto (by observation rank/size, see rl/networks.py) | mlp | small_cnn | nature_cnn | impala
+    hidden_sizes: list[int] = dataclasses.field(default_factory=lambda: [256, 256])  # MLP torso
+    cnn_dense: int = 256  # dense layer after a CNN torso
+    impala_channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32, 32])
+    state_dim: int = 256  # model state size S
+    model_hidden: list[int] = dataclasses.field(default_factory=lambda: [256])  # dynamics MLP layers
+    head_hidden: list[int] = dataclasses.field(default_factory=lambda: [256])  # policy/value/reward heads
+    activation: str = "relu"
+
+    def __post_init__(self):
+        if self.torso not in TORSOS:
+            raise ValueError(f"agent.network.torso must be one of {TORSOS}, got {self.torso!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"agent.network.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        sizes = [*self.hidden_sizes, *self.impala_channels, *self.model_hidden, *self.head_hidden, self.cnn_dense,
+                 self.state_dim]
+        if any(int(h) <= 0 for h in sizes):
+            raise ValueError(f"agent.network layer sizes must be positive, got {sizes}")
+
+
+def make_representation_torso(obs_shape: Sequence[int], cfg: MuesliNetworkConfig) -> nn.Module:
+    """The observation torso: `impala` here, anything else from `rl.networks.make_torso`."""
+    if cfg.torso == "impala":
+        if len(obs_shape) != 3:
+            raise ValueError(f"agent.network.torso='impala' needs image observations [H, W, C]; got shape "
+                             f"{tuple(obs_shape)}")
+        return ImpalaCNN(tuple(cfg.impala_channels), cfg.cnn_dense, _channels_first(obs_shape), cfg.activation)
+    return make_torso(obs_shape, NetworkConfig(torso=cfg.torso, hidden_sizes=list(cfg.hidden_sizes),
+                                               cnn_dense=cfg.cnn_dense, activation=cfg.activation))
+
+
+class _Head(nn.Module):
+    """Hidden dense layers, then an output layer scaled by `out_scale` at init (0: zeros)."""
+
+    hidden: Sequence[int]
+    out: int
+    out_scale: float
+    activation: str
+
+    @nn.compact
+    def __call__(self, x):
+        act = ACTIVATIONS[self.activation]
+        for h in self.hidden:
+            x = act(nn.Dense(h)(x))
+        if self.out_scale == 0.0:
+            init = nn.initializers.zeros
+        else:
+            init = nn.initializers.variance_scaling(self.out_scale**2, "fan_in", "truncated_normal")
+        return nn.Dense(self.out, kernel_init=init)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSizes:
+    """The static sizes of the model and heads (hashable, for the flax module)."""
+
+    state_dim: int
+    model_hidden: tuple[int, ...]
+    head_hidden: tuple[int, ...]
+    num_atoms: int
+    activation: str = "relu"
+
+
+class MuesliNetwork(nn.Module):
+    """Representation, dynamics and prediction heads; call the methods through `apply(..., method=...)`."""
+
+    torso: nn.Module
+    num_actions: int
+    sizes: NetworkSizes
+
+    def setup(self):
+        s = self.sizes
+        self.project = nn.Dense(s.state_dim)
+        self.state_norm = nn.LayerNorm()
+        self.dynamics_hidden = [nn.Dense(h) for h in s.model_hidden]
+        self.dynamics_out = nn.Dense(s.state_dim)
+        self.dynamics_norm = nn.LayerNorm()
+        self.reward_head = _Head(s.head_hidden, s.num_atoms, 0.0, s.activation)
+        self.value_head = _Head(s.head_hidden, s.num_atoms, 0.0, s.activation)
+        self.policy_head = _Head(s.head_hidden, self.num_actions, 0.01, s.activation)
+
+    def represent(self, obs):
+        """Observations `[..., *obs_shape]` -> states `[..., S]`."""
+        return self.state_norm(self.project(self.torso(obs)))
+
+    def predict(self, state):
+        """States `[..., S]` -> (policy logits `[..., A]`, value logits `[..., N]`)."""
+        return self.policy_head(state), self.value_head(state)
+
+    def step(self, state, action):
+        """(states `[..., S]`, actions `[...]` int) -> (next states `[..., S]`, reward logits `[..., N]`)."""
+        act = ACTIVATIONS[self.sizes.activation]
+        x = jnp.concatenate([state, jax.nn.one_hot(action, self.num_actions, dtype=state.dtype)], axis=-1)
+        for layer in self.dynamics_hidden:
+            x = act(layer(x))
+        next_state = self.dynamics_norm(state + self.dynamics_out(x))
+        return next_state, self.reward_head(x)
+
+    def __call__(self, obs):
+        """Touch every module (for `init`): represent, one model step with action 0, predict."""
+        state = self.represent(obs)
+        next_state, reward_logits = self.step(state, jnp.zeros(state.shape[:-1], jnp.int32))
+        return self.predict(next_state), reward_logits
+
+
+def make_network(obs_shape: Sequence[int], num_actions: int, num_atoms: int, cfg: MuesliNetworkConfig) -> MuesliNetwork:
+    """The Muesli network for `obs_shape` observations, `num_actions` actions and `num_atoms` value/reward atoms."""
+    sizes = NetworkSizes(cfg.state_dim, tuple(cfg.model_hidden), tuple(cfg.head_hidden), num_atoms, cfg.activation)
+    return MuesliNetwork(make_representation_torso(obs_shape, cfg), num_actions, sizes)
