@@ -20,6 +20,7 @@ from flax import struct
 
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
+from rl import sharding
 from rl.config import to_dataclass
 from rl.networks import NetworkConfig, make_q_network
 from rl.optim import OptimConfig, make_optimizer
@@ -161,7 +162,7 @@ class DQN:
     def _update(self, carry, key):
         state, buffer_state = carry
         cfg = self.cfg
-        batch = self.buffer.sample(buffer_state, key, cfg.batch_size)
+        batch = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size))  # data-parallel
         grads, (td, q_taken) = jax.grad(self._loss, has_aux=True)(state.params, state.target_params, batch)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -45,7 +45,7 @@ from flax import struct
 from omegaconf import DictConfig, OmegaConf
 
 from agents import make_agent
-from rl import checkpoint
+from rl import checkpoint, sharding
 from rl.agent import reset_carry
 from rl.config import check_resumable
 from rl.evaluate import evaluate_seeds
@@ -82,6 +82,12 @@ class Anakin:
         self.steps_per_iter = self.num_envs * int(self.agent.train_interval)
         self.learn_iter = max(math.ceil(self.agent.learning_starts / self.steps_per_iter), 1)
         self.total_iters = math.ceil(int(cfg.total_steps) / self.steps_per_iter)
+        # Several devices (cfg.mesh): same program, state placed by rl/sharding.py; `train` traces and runs
+        # it under `sharding.use_mesh(self.mesh)`. One device: mesh and shardings are None (plain jit).
+        self.mesh = sharding.mesh_from_config(cfg.get("mesh"))
+        sharding.check_divisible(self.mesh, seeds=self.num_seeds, num_envs=self.num_envs)
+        self.state_shardings = None if self.mesh is None else sharding.runner_shardings(
+            self.mesh, jax.eval_shape(self._init_all, jnp.arange(self.num_seeds)))
         self.chunk = jax.jit(self._chunk, static_argnums=2, donate_argnums=0)
 
     # --- state --------------------------------------------------------------------------------------
@@ -94,10 +100,13 @@ class Anakin:
                            carry=self.agent.initial_carry(self.num_envs),
                            stats=EpisodeStats.zeros(self.num_envs), key=k_run)
 
+    def _init_all(self, seeds: jax.Array) -> RunnerState:
+        return jax.vmap(lambda s: self._init_one(jax.random.PRNGKey(s)))(seeds)
+
     def init(self) -> tuple[RunnerState, jax.Array]:
         """Initial state of all seeds (seed i uses PRNGKey(cfg.seed + i)) and the iteration counter."""
         seeds = int(self.cfg.seed) + jnp.arange(self.num_seeds)
-        state = jax.jit(jax.vmap(lambda s: self._init_one(jax.random.PRNGKey(s))))(seeds)
+        state = sharding.init_sharded(self._init_all, self.state_shardings, seeds)
         return state, jnp.zeros((), jnp.int32)
 
     # --- compiled loop ------------------------------------------------------------------------------
@@ -121,13 +130,14 @@ class Anakin:
 
     def _train(self, s: RunnerState):
         keys = jax.vmap(jax.random.split)(s.key)
-        agent_state, buffer_state, metrics = jax.vmap(self.agent.train_step)(s.agent, s.buffer, keys[:, 1])
+        agent_state, buffer_state, metrics = sharding.vmap_seeds(self.agent.train_step)(s.agent, s.buffer,
+                                                                                         keys[:, 1])
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return s.replace(agent=agent_state, buffer=buffer_state, key=keys[:, 0]), metrics
 
     def _iteration(self, carry, _):
         s, it = carry
-        s, finished = jax.vmap(self._collect)(s)
+        s, finished = sharding.vmap_seeds(self._collect)(s)
         first_buffer = jax.tree_util.tree_map(lambda x: x[0], s.buffer)
         ready = (it + 1 >= self.learn_iter) & self.agent.buffer.can_sample(first_buffer)
         skipped = jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype),
@@ -148,7 +158,7 @@ class Anakin:
         }
         for k, v in metrics.items():
             out[f"train/{k}"] = jnp.where(n_train > 0, v.sum(0) / jnp.maximum(n_train, 1), nan)
-        return s, it, out
+        return sharding.constrain(s, self.state_shardings), it, out
 
     # --- evaluation ---------------------------------------------------------------------------------
     def evaluate(self, agent_states, episodes: int, key: jax.Array):
@@ -165,12 +175,20 @@ def _restore_target(runner: Anakin):
 def train(cfg: DictConfig, logger) -> dict:
     """Train `cfg.seeds` seeds of `cfg.agent` on gymnax `cfg.env` (see the module docstring)."""
     runner = Anakin(cfg)
+    if runner.mesh is not None:
+        logger.note(f"sharded over {sharding.describe(runner.mesh)}")
+    with sharding.use_mesh(runner.mesh):
+        return _train(cfg, logger, runner)
+
+
+def _train(cfg: DictConfig, logger, runner: Anakin) -> dict:
     spi = runner.steps_per_iter
     wandb_id, history = None, []
     if cfg.resume:
         meta = checkpoint.read_meta(cfg.resume)
         check_resumable(meta["config"], cfg)
         (state, it), meta = checkpoint.restore(cfg.resume, _restore_target(runner))
+        state = sharding.place(state, runner.state_shardings)
         wandb_id, history = meta.get("wandb_id"), meta.get("history", [])
     else:
         state, it = runner.init()
@@ -186,7 +204,7 @@ def train(cfg: DictConfig, logger) -> dict:
         n = min(chunk_iters, runner.total_iters - done_iters)
         t0 = time.perf_counter()
         state, it, out = runner.chunk(state, it, n)
-        out = jax.device_get(out)
+        out = sharding.to_host(out)
         if first:
             logger.note(f"first chunk (compile + {n * spi} env steps per seed): {time.perf_counter() - t0:.1f}s")
             first = False

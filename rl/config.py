@@ -20,10 +20,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rl.distributed import DistributedConfig, MeshConfig
+
 WANDB_MODES = ("offline", "online", "disabled")
 ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.sebulba"}
 # Keys that may differ between a run and its resumption (they do not change what is computed).
-RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes")
+RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "mesh",
+                    "distributed")
 
 
 class ConfigError(ValueError):
@@ -60,6 +63,8 @@ class TrainConfig:
     env: Any = MISSING
     logger: LoggerConfig = dataclasses.field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # devices of the Anakin runner
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)  # multi-host
     seed: int = 0
     seeds: int = 1  # seeds trained together, vmapped in one program
     total_steps: int = 500_000  # env steps per seed (summed over envs)

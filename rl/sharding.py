@@ -63,11 +63,6 @@ def mesh_from_config(section: Mapping | MeshConfig | None) -> Mesh | None:
     return mesh if mesh.size > 1 else None
 
 
-def data_devices(mesh: Mesh | None) -> int:
-    """Devices along the `data` axis (1 without a mesh)."""
-    return 1 if mesh is None else mesh.shape[DATA_AXIS]
-
-
 def check_divisible(mesh: Mesh | None, *, seeds: int, **per_seed: int) -> None:
     """Raise a ValueError naming the config key when `seeds` does not split over the seed axis or a
     per-seed size (e.g. `num_envs=...`, `agent.batch_size=...`) does not split over the data axis."""
@@ -121,15 +116,15 @@ def use_mesh(mesh: Mesh | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
-def init_sharded(fn: Callable[..., PyTree], shardings: PyTree, *args) -> PyTree:
-    """`fn(*args)` computed directly into `shardings` (jit with `out_shardings`): no host copy, so it
-    also works when the mesh spans several hosts."""
-    return jax.jit(fn, out_shardings=shardings)(*args)
+def init_sharded(fn: Callable[..., PyTree], shardings: PyTree | None, *args) -> PyTree:
+    """`fn(*args)` jitted and computed directly into `shardings` (`out_shardings`: no host copy, so it also
+    works when the mesh spans several hosts); plain `jax.jit(fn)(*args)` for None."""
+    return jax.jit(fn, out_shardings=shardings)(*args) if shardings is not None else jax.jit(fn)(*args)
 
 
-def place(tree: PyTree, shardings: PyTree) -> PyTree:
-    """Move existing arrays (e.g. a restored checkpoint) to `shardings` (single host)."""
-    return jax.device_put(tree, shardings)
+def place(tree: PyTree, shardings: PyTree | None) -> PyTree:
+    """Move existing arrays (e.g. a restored checkpoint) to `shardings` (single host); identity for None."""
+    return tree if shardings is None else jax.device_put(tree, shardings)
 
 
 def constrain(tree: PyTree, shardings: PyTree | None) -> PyTree:

@@ -136,6 +136,16 @@ def _cell(v: Any) -> Any:
     return v
 
 
+def objective(result: dict) -> float:
+    """The number a run reports to hydra sweepers: its mean greedy eval return over seeds and episodes, or
+    (no evaluation) the mean last logged episode return; NaN if neither exists."""
+    for key in ("eval_returns", "episode_return"):
+        values = np.asarray(result.get(key) or [], np.float64)
+        if values.size and not np.all(np.isnan(values)):
+            return float(np.nanmean(values))
+    return math.nan
+
+
 def sweep_group(config: DictConfig) -> str:
     """The wandb group of a sweep: `sweep-` and the last two parts of the sweep dir (date and time by
     default, e.g. `sweep-2025-01-31-12-00-00`)."""

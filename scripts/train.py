@@ -13,7 +13,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from rl import distributed
 from rl.config import validate
+from rl.sweep import objective
 
 RUNNERS = {"gymnax": "rl.anakin", "envpool": "rl.sebulba"}
 
@@ -21,6 +23,7 @@ RUNNERS = {"gymnax": "rl.anakin", "envpool": "rl.sebulba"}
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Validate `cfg`, then train with the runner of `cfg.env.source`, writing into `run_dir`."""
     validate(cfg)
+    distributed.initialize(cfg.distributed)  # before any JAX computation; no-op unless enabled
     from rl.logging import RunLogger
 
     runner = importlib.import_module(RUNNERS[cfg.env.source])
@@ -32,8 +35,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
-def main(cfg: DictConfig) -> None:
-    run(cfg, HydraConfig.get().runtime.output_dir)
+def main(cfg: DictConfig) -> float:
+    """Returns the run's objective (mean greedy eval return) for sweepers such as Optuna."""
+    return objective(run(cfg, HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ from rl import distributed, sharding
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "multidevice" / "toy_runner.py"
+TRAIN = ROOT / "tests" / "multidevice" / "train_run.py"
+# DQN on CartPole, small enough to compile fast; epsilon decays within the run so greedy actions (argmax
+# of the learnt Q) drive the data: a device-dependent result would change the trajectories.
+DQN = ["agent=dqn", "env=cartpole", "logger=none", "seeds=2", "num_envs=4", "total_steps=400", "log_interval=100",
+       "eval_episodes=3", "agent.learning_starts=100", "agent.batch_size=32", "agent.network.hidden_sizes=[32]",
+       "agent.target_update_period=10", "agent.epsilon_decay_steps=200", "agent.optim.lr=1e-3"]
 
 
 def _env(devices: int, **extra: str) -> dict:
@@ -28,9 +34,10 @@ def _env(devices: int, **extra: str) -> dict:
     return env
 
 
-def _run_all(jobs: dict[str, tuple[list[str], dict]], tmp_path: Path, timeout: int = 240) -> dict:
+def _run_all(jobs: dict[str, tuple[list[str], dict]], tmp_path: Path, timeout: int = 480, script: Path = TOY,
+             out_arg: int = 2) -> dict:
     """Start every job at once (they are mostly JAX start-up and compilation), wait, load their JSON."""
-    procs = {name: subprocess.Popen([sys.executable, str(TOY), *args], env=env, cwd=ROOT,
+    procs = {name: subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=ROOT,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for name, (args, env) in jobs.items()}
     results = {}
@@ -38,7 +45,7 @@ def _run_all(jobs: dict[str, tuple[list[str], dict]], tmp_path: Path, timeout: i
         out, _ = p.communicate(timeout=timeout)
         assert p.returncode == 0, f"{name} failed:\n{out[-3000:]}"
     for name, (args, _) in jobs.items():
-        path = Path(args[2])
+        path = Path(args[out_arg])
         if path.exists():
             results[name] = json.loads(path.read_text())
     return results
@@ -64,6 +71,32 @@ def test_four_devices_match_one_device_same_global_batch(tmp_path):
     assert r["seed2_data2"]["params_spec"] == "P('seed',)"
     # the run is not trivially constant: the loss changes over training
     assert np.ptp(np.asarray(one["losses"])) > 0.1
+
+
+def test_dqn_anakin_four_devices_match_one_device(tmp_path):
+    """The real runner (scripts.train.run: DQN, Anakin, checkpoint) on 1 device, on 4 data-parallel devices
+    and on 2 seed x 2 data devices, same global batch: same params, metrics and greedy eval returns."""
+    jobs = {name: ([str(tmp_path / f"{name}.json"), str(tmp_path / name), *DQN, *extra], _env(n))
+            for name, n, extra in (("one", 1, []), ("data4", 4, []), ("seed2_data2", 4, ["mesh.seed_devices=2"]))}
+    r = _run_all(jobs, tmp_path, script=TRAIN, out_arg=0)
+    one = r["one"]
+    assert one["devices"] == 1 and one["specs"]["buffer"] == ["single"]
+    for name in ("data4", "seed2_data2"):
+        got = r[name]
+        assert got["devices"] == 4
+        for a, b in zip(got["params"], one["params"]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert got["eval_returns"] == one["eval_returns"], name
+        rows_one = [line.split(",") for line in one["metrics_csv"].splitlines()]
+        rows = [line.split(",") for line in got["metrics_csv"].splitlines()]
+        assert rows[0] == rows_one[0] and len(rows) == len(rows_one) == 1 + 4 * 2
+        np.testing.assert_allclose(np.array(rows[1:], float), np.array(rows_one[1:], float), rtol=1e-4, atol=1e-6,
+                                   equal_nan=True, err_msg=name)
+    # env state and buffer rows split over the data devices; agent params replicated over them
+    assert "P(None, 'data')" in r["data4"]["specs"]["env"] and "P(None, 'data')" in r["data4"]["specs"]["buffer"]
+    assert all("data" not in spec for spec in r["data4"]["specs"]["agent"])
+    assert "P('seed', 'data')" in r["seed2_data2"]["specs"]["buffer"]
+    assert r["seed2_data2"]["specs"]["agent"] == ["P('seed',)"]
 
 
 def _free_port() -> int:
@@ -92,7 +125,6 @@ def test_single_device_is_the_plain_path():
     assert jax.device_count() == 1, "the default test process must stay single-device"
     assert sharding.mesh_from_config(None) is None
     assert sharding.mesh_from_config({"devices": 1, "seed_devices": 1}) is None
-    assert sharding.data_devices(None) == 1
     batch = {"obs": jnp.arange(6.0).reshape(3, 2)}
     assert sharding.shard_batch(batch) is batch  # identity without a mesh, also for odd batch sizes
     f = sharding.vmap_seeds(lambda x: x * 2)
