@@ -4,7 +4,46 @@
     python -m scripts.bench_buffers --quick         # small K / repeats / sizes, for development
     python -m scripts.bench_buffers --cases prioritised --sizes 1M,10M --k 200
 
-FINDINGS_PLACEHOLDER
+Cases (one process; every ratio is ours / impl measured in the same run, < 1 means ours is faster):
+uniform add 128 + sample 256 of CartPole items (obs 4 f32, action, reward, done, next_obs) at 10k/100k/1M
+(ours vs naive seed-000-style, flashbax flat, dejax); the same with Atari items (84x84x4 uint8) at 100k;
+sequences of 80 with period 40 from 128 env rows (ours vs flashbax trajectory, period 40); prioritised
+add + sample + set_priorities (new priorities drawn at random in the body) at 1M and 10M (ours vs flashbax
+prioritised on both of its sum-tree paths vs cumsum+searchsorted); the prioritised step vmapped over seeds.
+Each is timed as K steps inside one jitted fori_loop (carry donated) and as K donated jitted calls.
+
+Findings: the flashbax "cliff" (issue 3: 0.14 ms/step at 1M in one harness, 8 ms inside another jitted
+loop whose body also draws the new priorities, 0.2 ms as separate calls)
+
+1. It is a recompilation timed as step time. flashbax's `sum_tree.init` sets `max_recorded_priority =
+   jnp.array(1.0)`, a *weak-typed* float32. `add` keeps it weak (new items get `full_like(int indices,
+   max)`), but the first `set_priorities` with real float32 priorities (drawn in the body) returns it
+   strongly typed. So the state coming out of the first call of the jitted loop has another signature than
+   the one that went in, and the second call retraces and recompiles the whole loop (4-9 s on this CPU). A
+   harness that warms up once and times call 2 reports compile/K: with K=500 at 1M, measured 12.7 ms/step
+   on call 2, then 0.31 ms/step on call 3 (jit cache: 2 entries). As separate calls the recompilation
+   falls on call 2 of the warm-up, hence "0.2 ms as calls"; a body that never sets priorities (or sets weak
+   ones) never changes the signature. The steady-state HLO has no copy of the tree or the storage (only
+   scalars and [256] vectors are copied). Ours: every state leaf is strongly typed from `init`; this script
+   warms each workload up until its carry signature is stable and notes every impl that needed more than
+   one compile (ours never does).
+2. A real cliff behind it: flashbax's CPU path (`set_batch_scan`) is a lax.scan over the batch with a
+   fori_loop over the tree depth inside, ~16k sequential scalar iterations per add+sample+set step. It is
+   fast only because XLA:CPU's small-while-loop hoisting compiles each depth loop into one kernel, which it
+   refuses for loops that contain a scatter or touch more than `xla_cpu_small_while_loop_byte_threshold`
+   (1 kB). vmap over seeds turns the scalar `.at[].add` into a real scatter: the hoisted loops drop from 7
+   to 1 and the step costs ~20x more (2 seeds: 13.6 ms/step in a loop, 8.5 ms as calls, ours 1.3 / 1.2 in
+   that run; see the prioritised-seeds case); with the hoisting disabled (threshold 0) it is 1.6 ms/step
+   unvmapped. Our sum tree has no while loop (the only loops in our compiled step are jax's threefry RNG,
+   which jax lowers with rolled loops on CPU), so it has no such dependency.
+3. flashbax's other path, `set_batch_bincount` (its GPU/TPU choice), costs O(capacity) per update (a
+   bincount over all leaves): ~2.4 ms at 1M, ~50 ms at 10M. Also, new items get `full_like(int indices,
+   max_recorded_priority)`: the max priority is truncated to an integer (after p**alpha = 2.63 new items
+   get 2.0).
+
+dejax 0.1.3's sample calls the removed `jnp.alltrue`: plain dejax is reported as FAILED with the error;
+a separately labelled "dejax (patched alltrue)" run aliases `jnp.alltrue = jnp.all` only while tracing
+(up to 1M items) and wraps its sample in `checkify.checkify`, as its checks require under jit.
 """
 
 from __future__ import annotations
@@ -15,6 +54,7 @@ import dataclasses
 import functools
 import resource
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +69,8 @@ from scripts.bench_common import (
     time_interleaved,
     tree_nbytes,
 )
+
+warnings.filterwarnings("ignore", category=UserWarning, module="flashbax")  # its min-length notices
 
 ADD, SAMPLE = 128, 256  # items added / sampled per step (flat cases)
 SEQ_LEN, SEQ_PERIOD, SEQ_ENVS, SEQ_BATCH = 80, 40, 128, 64  # sequence case: R2D2 shapes
@@ -307,6 +349,16 @@ def initial_carry(impl: Impl, batch, n_fill: int):
     return state, key, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), sample_shape)
 
 
+def over_seeds(body, carry, seeds: int):
+    """`body` vmapped over `seeds` independent copies of `carry` (each seed its own key)."""
+    if seeds == 1:
+        return body, carry
+    state, key, last = carry
+    stack = functools.partial(jax.tree_util.tree_map, lambda x: jnp.repeat(x[None], seeds, axis=0))
+    carry = (stack(state), jax.random.split(key, seeds), stack(last))
+    return (lambda i, c: jax.vmap(lambda c1: body(i, c1))(c)), carry
+
+
 def state_bytes(impl: Impl) -> int:
     return tree_nbytes(jax.eval_shape(impl.init))
 
@@ -324,24 +376,24 @@ def memory_groups(impls: list, budget_bytes: int) -> list[list]:
     return groups + ([cur] if cur else [])
 
 
-def measure(impls: list, body_fn, batch, n_fill: int, args) -> dict:
+def measure(impls: list, body_fn, batch, n_fill: int, args, seeds: int = 1) -> dict:
     """name -> {state_mib, <way>_ms (median), <way>_runs_ms, <way>_warmup_s} for every impl.
 
     Impls whose states fit together in `--interleave-gib` are timed round-robin (see `time_interleaved`).
     """
     results = {}
-    for group in memory_groups(impls, int(args.interleave_gib * 2**30)):
+    for group in memory_groups(impls, int(args.interleave_gib * 2**30) // seeds):
         entries = {}
         with contextlib.ExitStack() as stack:
             for impl in group:
                 if "patched" in impl.name:
                     stack.enter_context(_alltrue_alias())
-                body = body_fn(impl, batch)
+                body, carry = over_seeds(body_fn(impl, batch), initial_carry(impl, batch, n_fill), seeds)
                 runs = {w: (loop_runner if w == "loop" else calls_runner)(body, args.k) for w in args.ways}
-                entries[impl.name] = (runs, initial_carry(impl, batch, n_fill))
+                entries[impl.name] = (runs, carry)
             timings = time_interleaved(entries, args.k, args.repeats)
         for impl in group:
-            r = {"state_mib": state_bytes(impl) / 2**20}
+            r = {"state_mib": seeds * state_bytes(impl) / 2**20}
             for w, t in timings[impl.name].items():
                 r[f"{w}_ms"] = t.per_step_s * 1e3
                 r[f"{w}_runs_ms"] = [x * 1e3 for x in t.runs_s]
@@ -355,6 +407,7 @@ def measure(impls: list, body_fn, batch, n_fill: int, args) -> dict:
 # Cases
 
 
+CASES = ("uniform", "atari", "sequence", "prioritised", "prioritised-seeds")
 SIZES = {"10k": 10_000, "100k": 100_000, "1M": 1_000_000, "10M": 10_000_000}
 
 
@@ -366,6 +419,7 @@ class Case:
     impls: list  # of zero-arg factories returning Impl (or a str: "failed: why")
     batch: Any
     n_fill: int
+    seeds: int = 1  # > 1: the step is vmapped over this many independent buffers
 
 
 def build_cases(args) -> list[Case]:
@@ -399,6 +453,11 @@ def build_cases(args) -> list[Case]:
                      lambda c=cap: cumsum_prioritised(c, cp)]
             cases.append(Case(f"prioritised cartpole {size}", "prioritised", cap, impls, batch_of(cp, ADD),
                               cap // ADD))
+    if "prioritised-seeds" in args.cases:
+        cap, n = SIZES[args.prioritised_sizes[0]], args.seeds
+        impls = [lambda: ours_prioritised(cap, cp), lambda: flashbax_prioritised(cap, cp, "scan")]
+        cases.append(Case(f"prioritised cartpole {args.prioritised_sizes[0]} vmapped over {n} seeds",
+                          "prioritised", cap, impls, batch_of(cp, ADD), cap // ADD, seeds=n))
     return cases
 
 
@@ -417,8 +476,8 @@ def run_case(case: Case, args) -> dict:
     notes = [m for m in case.impls if isinstance(m, str)]
     impls = [m() for m in case.impls if not isinstance(m, str)]
     impls = [i for i in impls if not args.impls or any(f in i.name for f in args.impls)]
-    results = measure(impls, body_fn, case.batch, case.n_fill, args)
-    groups = memory_groups(impls, int(args.interleave_gib * 2**30))
+    results = measure(impls, body_fn, case.batch, case.n_fill, args, case.seeds)
+    groups = memory_groups(impls, int(args.interleave_gib * 2**30) // case.seeds)
     if len(groups) > 1:
         notes.append(f"states too big to hold together under --interleave-gib {args.interleave_gib}: "
                      "impls timed one after another, not round-robin")
@@ -435,7 +494,9 @@ def run_case(case: Case, args) -> dict:
     ours = results.get("ours")
     rows, ratios = [], {}
     for name, r in results.items():
-        row = [name] + [r.get(f"{w}_ms") for w in args.ways]
+        row = [name]
+        for w in args.ways:
+            row += [r[f"{w}_ms"], min(r[f"{w}_runs_ms"])]
         for w in args.ways:
             ratio = ours[f"{w}_ms"] / r[f"{w}_ms"] if ours and name != "ours" else None
             row.append(ratio)
@@ -443,7 +504,8 @@ def run_case(case: Case, args) -> dict:
                 ratios[f"ours/{name} {w}"] = ratio
         row.append(r["state_mib"])
         rows.append(row)
-    headers = ["impl"] + [f"{w} ms/step" for w in args.ways] + [f"ours/impl {w}" for w in args.ways] + ["state MiB"]
+    headers = ["impl"] + [h for w in args.ways for h in (f"{w} ms/step", f"{w} min")]
+    headers += [f"ours/impl {w}" for w in args.ways] + ["state MiB"]
     print(f"\n== {case.name}  (capacity {case.capacity:,}, K={args.k}, median of {args.repeats}) ==")
     print(format_table(headers, rows))
     for n in notes:
@@ -493,8 +555,8 @@ def check_targets(records: list[dict], ways) -> list[tuple[str, str, str]]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default="uniform,atari,sequence,prioritised",
-                   help="comma list of: uniform, atari, sequence, prioritised")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma list of: {', '.join(CASES)}")
+    p.add_argument("--seeds", type=int, default=2, help="buffers vmapped over in the prioritised-seeds case")
     p.add_argument("--sizes", default=None,
                    help="comma list of capacities for uniform and prioritised cases (10k,100k,1M,10M)")
     p.add_argument("--atari-size", default="100k", choices=list(SIZES))
@@ -509,7 +571,7 @@ def parse_args(argv=None):
                    help="K=20, 2 repeats, uniform 10k+1M, atari 10k, sequences 100k, prioritised 1M")
     a = p.parse_args(argv)
     a.cases = a.cases.split(",")
-    unknown = set(a.cases) - {"uniform", "atari", "sequence", "prioritised"}
+    unknown = set(a.cases) - set(CASES)
     if unknown:
         p.error(f"unknown case(s) {sorted(unknown)}")
     a.ways = tuple(a.ways.split(","))

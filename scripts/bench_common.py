@@ -1,10 +1,13 @@
 """Timing helpers shared by the `scripts.bench_*` benchmarks.
 
 A workload is a loop body `body(i, carry) -> carry` over a carry pytree (typically
-`(buffer_state, key, checksum)`), timed two ways:
+`(buffer_state, key, last_sample)`), timed two ways:
 
-* `time_in_loop`: K steps inside one jitted `lax.fori_loop`, the carry donated into the jit;
-* `time_calls`: K separate calls of the jitted step from Python, the carry donated into every call.
+* `time_in_loop` / `loop_runner`: K steps inside one jitted `lax.fori_loop`, the carry donated into the jit;
+* `time_calls` / `calls_runner`: K separate jitted calls from Python, the carry donated into every call.
+
+`time_interleaved` times several workloads round-robin (repeat r of every workload before repeat r+1 of
+any), so that load from other processes on a shared machine hits them alike.
 
 Each way warms up (compiles and runs) until the carry's signature (shapes, dtypes, weak types) stops
 changing, then reports the median over `repeats` of (wall time of K steps) / K, in seconds per step, with
@@ -15,8 +18,8 @@ return a `Timing`: seconds per step, the carry they end with (so a caller can ch
 donation invalidates the carry it was given) and the wall time of each warm-up run (one when the
 signature is stable; the second is then the recompilation a once-warmed harness would time).
 
-The body must consume what it samples (e.g. fold it into a checksum in the carry); otherwise XLA removes
-the unused gathers and the timing measures nothing.
+The body must consume what it samples (e.g. return it in the carry); otherwise XLA removes the unused
+gathers and the timing measures nothing.
 """
 
 from __future__ import annotations
