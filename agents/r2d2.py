@@ -1,0 +1,271 @@
+"""R2D2 (Kapturowski et al. 2019): recurrent Q-learning from prioritised replay of stored-state sequences.
+
+* Network: torso (MLP for vectors, Nature CNN for Atari) -> LSTM -> dueling Q head (rl/recurrent.py).
+* Replay: the per-env rows of `buffers.sequences`; every step stores the actor's LSTM state from *before*
+  it acted (`make_step` gets it from the runner), so a sampled sequence `[L]` starts from the state the
+  actor had at its first step ("stored state"; `stored_state=False` starts from zeros instead: the paper's
+  zero-state ablation). Sequences start every `period` steps of a row.
+* Learner: the first `burn_in` steps are unrolled without gradient (online and target network), the
+  remaining `L - burn_in` are trained with n-step double-Q targets under the invertible value rescaling
+  h(x) = sign(x)(sqrt(|x|+1)-1)+eps*x (rlax.transformed_n_step_q_learning). Inside a sequence the LSTM
+  state is reset where an episode starts (as the actor's was), n-step returns stop at episode ends, only
+  `terminated` ends a return without bootstrap, and TD errors whose n-step window would need a value past
+  a truncation or past the newest stored step are masked out of the loss and the priority.
+* Priorities: eta * max|td| + (1 - eta) * mean|td| over the trained steps (buffers/priorities.py), written
+  back with `buffer.set_priorities` inside the same `train_step` that receives the (donated) buffer state;
+  importance weights with exponent `importance_exponent` (0 switches them off).
+* Exploration: Ape-X per-actor epsilons eps_i = eps_base^(1 + alpha * i / (N - 1)) over the N envs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+from flax import struct
+
+from buffers.priorities import importance_weights, sequence_priority
+from buffers.sequences import make_sequence_buffer
+from rl.networks import NetworkConfig
+from rl.optim import OptimConfig, make_optimizer
+from rl.recurrent import LSTMCarry, make_recurrent_q_network, reset_flags, unroll_with_burn_in, zero_carry
+
+
+@dataclasses.dataclass
+class Config:
+    """`configs/agent/r2d2*.yaml`. Defaults are the paper's (Acme's importance exponent)."""
+
+    name: str = "r2d2"
+    network: NetworkConfig = dataclasses.field(
+        default_factory=lambda: NetworkConfig(hidden_sizes=[512], dueling=True, head_hidden=[512])
+    )
+    lstm_size: int = 512
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4, eps=1e-3))
+    sequence_length: int = 80  # L: steps per replayed sequence, burn-in included
+    burn_in: int = 40  # leading steps unrolled without gradient
+    period: int = 40  # a sequence starts every `period` steps of an env's row (overlap L - period)
+    stored_state: bool = True  # False: start every replayed sequence from the zero state
+    cross_episodes: bool = False  # sequences may run past an episode end (state reset inside)
+    batch_size: int = 64  # sequences per update
+    n_step: int = 5
+    discount: float = 0.997
+    value_rescaling: bool = True  # h / h^-1 around the n-step target
+    rescaling_eps: float = 1e-3
+    target_update_period: int = 2500  # updates between target network copies
+    buffer_capacity_per_env: int = 100_000  # steps per env row
+    priority_exponent: float = 0.9
+    importance_exponent: float = 0.6  # 0: no importance weighting (the paper)
+    priority_eta: float = 0.9  # priority = eta * max|td| + (1 - eta) * mean|td|
+    epsilon_base: float = 0.4  # Ape-X actor epsilons eps_i = base^(1 + alpha i / (N-1))
+    epsilon_alpha: float = 7.0
+    learning_starts: int = 50_000  # env steps before the first update (at least num_envs * L)
+    train_interval: int = 1  # vector env steps between updates
+
+    def __post_init__(self):
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise ValueError(f"agent (r2d2): {msg}")
+
+        need(self.sequence_length >= 2, f"sequence_length must be >= 2, got {self.sequence_length}")
+        need(0 <= self.burn_in <= self.sequence_length - 2,
+             f"burn_in must be in [0, sequence_length - 2] = [0, {self.sequence_length - 2}], got {self.burn_in}")
+        need(1 <= self.period <= self.sequence_length, f"period must be in [1, sequence_length], got {self.period}")
+        need(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}")
+        need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
+        need(self.lstm_size >= 1 and self.batch_size >= 1, "lstm_size and batch_size must be >= 1")
+        need(self.target_update_period >= 1 and self.train_interval >= 1,
+             "target_update_period and train_interval must be >= 1")
+        need(self.buffer_capacity_per_env > self.sequence_length,
+             f"buffer_capacity_per_env ({self.buffer_capacity_per_env}) must exceed sequence_length "
+             f"({self.sequence_length})")
+        need(self.priority_exponent >= 0 and self.importance_exponent >= 0,
+             "priority_exponent and importance_exponent must be >= 0")
+        need(0.0 <= self.priority_eta <= 1.0, f"priority_eta must be in [0, 1], got {self.priority_eta}")
+        need(0.0 <= self.epsilon_base <= 1.0, f"epsilon_base must be in [0, 1], got {self.epsilon_base}")
+        need(self.rescaling_eps >= 0 and self.learning_starts >= 0, "rescaling_eps, learning_starts must be >= 0")
+
+
+@struct.dataclass
+class R2D2State:
+    params: Any
+    target_params: Any
+    opt_state: Any
+    updates: jax.Array  # int32[]: learner updates so far
+
+
+def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """Ape-X epsilons `[N]`: eps_i = base^(1 + alpha * i / (N - 1)); a single env gets `base`."""
+    if num_envs < 1:
+        raise ValueError(f"actor_epsilons: num_envs must be >= 1, got {num_envs}")
+    i = np.arange(num_envs, dtype=np.float64)
+    exponent = 1.0 + alpha * i / max(num_envs - 1, 1)
+    return (base**exponent).astype(np.float32)
+
+
+def valid_td_mask(mask: jax.Array, terminated: jax.Array, done: jax.Array, n: int) -> jax.Array:
+    """Which TD errors of a time-major sequence have a usable n-step target: `[T, B] -> [T-1, B]` bool.
+
+    Step t (0 <= t < T-1) bootstraps from step t+k with k = min(n, T-1-t) unless the chain stops earlier at
+    a step j in its window that is done or is the newest stored step (mask[j+1] False). Stopping is fine
+    when step j terminated (no bootstrap needed); after a truncation or the newest step the value needed is
+    not in the sequence, so the TD error is invalid. Step t itself must be valid (mask[t]).
+    """
+    steps = mask.shape[0]
+    stop = done[:-1] | ~mask[1:]  # [T-1]: the chain cannot continue past t
+    term = terminated[:-1]
+    pad = lambda x: jnp.concatenate([x, jnp.zeros((n,) + x.shape[1:], x.dtype)])
+    stop_p, term_p = pad(stop), pad(term)
+    ok = mask[:-1]
+    alive = jnp.ones_like(ok)
+    for k in range(min(n, steps - 1)):
+        s, tm = stop_p[k : k + steps - 1], term_p[k : k + steps - 1]
+        ok = ok & ~(alive & s & ~tm)
+        alive = alive & ~s
+    return ok
+
+
+class R2D2:
+    """The agent (rl/agent.py protocol)."""
+
+    def __init__(self, cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int):
+        self.cfg, self.num_actions, self.num_envs = cfg, int(num_actions), int(num_envs)
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), jnp.dtype(obs_dtype)
+        self.network = make_recurrent_q_network(self.obs_shape, self.num_actions, cfg.network, cfg.lstm_size)
+        self.optimizer = make_optimizer(cfg.optim)
+        self.epsilons = jnp.asarray(actor_epsilons(self.num_envs, cfg.epsilon_base, cfg.epsilon_alpha))
+        self.tx_pair = (rlax.TxPair(lambda x: rlax.signed_hyperbolic(x, cfg.rescaling_eps),
+                                    lambda x: rlax.signed_parabolic(x, cfg.rescaling_eps))
+                        if cfg.value_rescaling else rlax.IDENTITY_PAIR)
+        self.buffer = make_sequence_buffer(
+            num_envs=self.num_envs,
+            capacity_per_env=cfg.buffer_capacity_per_env,
+            sequence_length=cfg.sequence_length,
+            period=cfg.period,
+            cross_episodes=cfg.cross_episodes,
+            complete_only=True,
+            priority_exponent=cfg.priority_exponent,
+            done_fn=lambda step: step["terminated"] | step["truncated"],
+        )
+        self.train_interval = cfg.train_interval
+        # a full sequence must exist in every row before sampling can start
+        self.learning_starts = max(cfg.learning_starts, self.num_envs * cfg.sequence_length)
+
+    # ----------------------------------------------------------------------------------------- acting
+    def initial_carry(self, num_envs: int) -> LSTMCarry:
+        return zero_carry(num_envs, self.cfg.lstm_size)
+
+    def init(self, key: jax.Array, obs_example: jax.Array) -> R2D2State:
+        obs = jnp.zeros((1, 1) + self.obs_shape, self.obs_dtype)
+        params = self.network.init(key, self.initial_carry(1), obs, jnp.zeros((1, 1), bool))
+        return R2D2State(params, params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def act(self, state: R2D2State, obs, carry, key, env_ids, explore: bool = True):
+        """Epsilon-greedy over one LSTM step: obs `[E, ...]`, carry `[E, H]` -> actions `[E]`, next carry."""
+        carry, q = self.network.apply(state.params, carry, obs[None], jnp.zeros((1, obs.shape[0]), bool))
+        greedy = jnp.argmax(q[0], axis=-1).astype(jnp.int32)
+        if not explore:
+            return greedy, carry, {}
+        k_explore, k_action = jax.random.split(key)
+        eps = self.epsilons[env_ids]
+        random = jax.random.randint(k_action, greedy.shape, 0, self.num_actions, jnp.int32)
+        explore_now = jax.random.uniform(k_explore, greedy.shape) < eps
+        return jnp.where(explore_now, random, greedy), carry, {}
+
+    def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
+        """Step for the buffer; `carry` is the actor's state *before* acting on `obs` (stored state)."""
+        del next_obs, extras  # the next observation is the next step of the row
+        return {
+            "obs": obs,
+            "action": action.astype(jnp.int32),
+            "reward": reward.astype(jnp.float32),
+            "terminated": terminated.astype(bool),
+            "truncated": truncated.astype(bool),
+            "carry": LSTMCarry(*carry),
+        }
+
+    def step_prototype(self, obs_example):
+        zeros = jnp.zeros((self.cfg.lstm_size,), jnp.float32)
+        return {
+            "obs": jnp.zeros(self.obs_shape, self.obs_dtype),
+            "action": jnp.int32(0),
+            "reward": jnp.float32(0),
+            "terminated": jnp.bool_(False),
+            "truncated": jnp.bool_(False),
+            "carry": LSTMCarry(zeros, zeros),
+        }
+
+    # --------------------------------------------------------------------------------------- learning
+    def sequence_loss(self, params, target_params, data, mask, weights):
+        """Loss, |td| `[T-b-1, B]` and its validity mask for batch-major sequences `data` (`[B, L, ...]`)."""
+        cfg = self.cfg
+        seq = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), data)  # time-major [L, B, ...]
+        mask = jnp.swapaxes(mask, 0, 1)
+        done = seq["terminated"] | seq["truncated"]
+        reset = reset_flags(done)
+        batch = mask.shape[1]
+        start = LSTMCarry(seq["carry"].c[0], seq["carry"].h[0])
+        if not cfg.stored_state:
+            start = self.initial_carry(batch)
+
+        b = cfg.burn_in
+        _, q = unroll_with_burn_in(self.network.apply, params, start, seq["obs"], reset, b)  # [L-b, B, A]
+        _, q_target = unroll_with_burn_in(self.network.apply, target_params, start, seq["obs"], reset, b)
+        q_target = jax.lax.stop_gradient(q_target)
+
+        valid = valid_td_mask(mask[b:], seq["terminated"][b:], done[b:], cfg.n_step)  # [L-b-1, B]
+        stop = done[b:-1] | ~mask[b + 1 :]
+        discount = cfg.discount * (~stop).astype(jnp.float32)
+        reward = jnp.where(mask[b:-1], seq["reward"][b:-1], 0.0)
+        a_tm1 = seq["action"][b:-1]
+        a_t = jnp.argmax(q[1:], axis=-1).astype(jnp.int32)  # double Q: online argmax, target value
+
+        def td_fn(q_tm1, a_tm1, q_t, a_t, r_t, d_t):
+            return rlax.transformed_n_step_q_learning(
+                q_tm1, a_tm1, q_t, a_t, r_t, d_t, cfg.n_step, stop_target_gradients=True, tx_pair=self.tx_pair
+            )
+
+        td = jax.vmap(td_fn, in_axes=1, out_axes=1)(q[:-1], a_tm1, q_target[1:], a_t, reward, discount)
+        td = jnp.where(valid, td, 0.0)
+        per_seq = 0.5 * jnp.sum(jnp.square(td), axis=0) / td.shape[0]  # [B]
+        loss = jnp.mean(weights * per_seq)
+        aux = {"abs_td": jnp.abs(td), "valid": valid, "q": q}
+        return loss, aux
+
+    def train_step(self, state: R2D2State, buffer_state, key):
+        cfg = self.cfg
+        sample = self.buffer.sample(buffer_state, key, cfg.batch_size)
+        weights = importance_weights(sample.probabilities, self.buffer.num_slots, cfg.importance_exponent)
+        grad_fn = jax.value_and_grad(self.sequence_loss, has_aux=True)
+        (loss, aux), grads = grad_fn(state.params, state.target_params, sample.data, sample.mask, weights)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        count = state.updates + 1
+        target_params = optax.periodic_update(params, state.target_params, count, cfg.target_update_period)
+
+        priorities = sequence_priority(aux["abs_td"].T, aux["valid"].T, cfg.priority_eta)
+        buffer_state = self.buffer.set_priorities(buffer_state, sample.slots, priorities)
+
+        valid = aux["valid"]
+        n_valid = jnp.maximum(valid.sum(), 1)
+        metrics = {
+            "loss": loss,
+            "abs_td": jnp.sum(aux["abs_td"]) / n_valid,
+            "q_mean": jnp.mean(aux["q"]),
+            "priority": jnp.mean(priorities),
+            "valid_fraction": valid.mean(),
+            "importance_weight": jnp.mean(weights),
+        }
+        return R2D2State(params, target_params, opt_state, count), buffer_state, metrics
+
+
+def make_agent(agent_cfg, *, obs_shape, obs_dtype, num_actions: int, num_envs: int) -> R2D2:
+    """Registry entry (agents/__init__.py): build R2D2 from its config section."""
+    from rl.config import agent_config
+
+    cfg = agent_cfg if isinstance(agent_cfg, Config) else agent_config(agent_cfg)
+    return R2D2(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions, num_envs=num_envs)

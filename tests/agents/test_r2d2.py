@@ -1,0 +1,290 @@
+"""R2D2: targets and masks against NumPy loops, stored state, burn-in gradients, priorities, donation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agents.r2d2 import R2D2, Config, actor_epsilons, valid_td_mask
+from rl.agent import reset_carry
+from rl.gymnax_source import make_source
+from rl.networks import NetworkConfig
+from rl.optim import OptimConfig
+
+E, STEPS, H = 4, 150, 16
+
+
+def small_config(**kw) -> Config:
+    base = {"network": NetworkConfig(hidden_sizes=[16], head_hidden=[16], dueling=True), "lstm_size": H,
+                "sequence_length": 12, "burn_in": 4, "period": 4, "n_step": 3, "discount": 0.9, "batch_size": 8,
+                "target_update_period": 2, "buffer_capacity_per_env": 256, "learning_starts": 0, "cross_episodes": True,
+                "optim": OptimConfig(lr=1e-3, eps=1e-3)}
+    base.update(kw)
+    return Config(**base)
+
+
+def h_np(x, eps=1e-3):
+    return np.sign(x) * (np.sqrt(np.abs(x) + 1) - 1) + eps * x
+
+
+def h_inv_np(x, eps=1e-3):  # closed-form inverse of h_np
+    return np.sign(x) * (((np.sqrt(1 + 4 * eps * (np.abs(x) + 1 + eps)) - 1) / (2 * eps)) ** 2 - 1)
+
+
+def sequence_priority_np(abs_td, valid, eta):
+    out = np.zeros(abs_td.shape[0])
+    for b in range(abs_td.shape[0]):
+        v = abs_td[b][valid[b]]
+        out[b] = eta * v.max() + (1 - eta) * v.mean() if v.size else 0.0
+    return out
+
+
+# ------------------------------------------------------------------------------------ fixtures: one rollout
+@pytest.fixture(scope="module")
+def rollout():
+    """Act in partially observable CartPole with a loop like the Anakin runner's; record what the actor saw."""
+    src = make_source({"source": "gymnax", "id": "CartPole-v1", "params": {}, "obs_features": [0, 2]}, E)
+    agent = R2D2(small_config(), obs_shape=src.obs_shape, obs_dtype=src.obs_dtype,
+                 num_actions=src.num_actions, num_envs=E)
+    key = jax.random.PRNGKey(0)
+    env_state, obs = src.reset(key)
+    state = agent.init(key, obs[0])
+    env_ids = jnp.arange(E)
+
+    def body(c, key):
+        bs, env_state, obs, carry = c
+        k1, k2 = jax.random.split(key)
+        action, next_carry, extras = agent.act(state, obs, carry, k1, env_ids)
+        env_state, ts = src.step(env_state, action, k2)
+        step = agent.make_step(obs, action, ts.reward, ts.terminated, ts.truncated, ts.next_obs, carry, extras)
+        bs = agent.buffer.add(bs, step, env_ids)
+        done = ts.terminated | ts.truncated
+        next_carry = reset_carry(next_carry, agent.initial_carry(E), done)
+        return (bs, env_state, ts.obs, next_carry), (obs, carry, done)
+
+    bs = agent.buffer.init(agent.step_prototype(obs[0]))
+    (bs, *_), (obs_log, carry_log, done_log) = jax.jit(
+        lambda c, k: jax.lax.scan(body, c, jax.random.split(k, STEPS)))((bs, env_state, obs, agent.initial_carry(E)), key)
+    return agent, state, bs, np.asarray(obs_log), jax.tree.map(np.asarray, carry_log), np.asarray(done_log)
+
+
+# ------------------------------------------------------------------------------------------ pure pieces
+def test_value_rescaling_round_trip_matches_numpy():
+    agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=2, num_envs=E)
+    x = np.concatenate([np.linspace(-500, 500, 101), [0.0, 1e-4, -3.7, 1e4]]).astype(np.float32)
+    h = np.asarray(agent.tx_pair.apply(jnp.asarray(x)))
+    np.testing.assert_allclose(h, h_np(x.astype(np.float64)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(agent.tx_pair.apply_inv(jnp.asarray(h))), x, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(h_inv_np(h_np(x.astype(np.float64))), x, rtol=1e-9, atol=1e-9)
+
+
+def test_actor_epsilons_match_apex_formula():
+    n = 8
+    expected = np.array([0.4 ** (1 + 7 * i / (n - 1)) for i in range(n)])
+    np.testing.assert_allclose(actor_epsilons(n), expected, rtol=1e-6)
+    np.testing.assert_allclose(actor_epsilons(1), [0.4])
+    with pytest.raises(ValueError, match="num_envs"):
+        actor_epsilons(0)
+
+
+def valid_td_mask_np(mask, terminated, done, n):
+    steps = mask.shape[0]
+    ok = np.zeros(steps - 1, bool)
+    for t in range(steps - 1):
+        if not mask[t]:
+            continue
+        ok[t] = True
+        for j in range(t, min(t + n, steps - 1)):
+            if done[j] or not mask[j + 1]:
+                ok[t] = bool(terminated[j])
+                break
+    return ok
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_valid_td_mask_matches_numpy_loop(n):
+    rng = np.random.default_rng(n)
+    steps, batch = 10, 40
+    mask = np.arange(steps)[:, None] < rng.integers(1, steps + 1, batch)[None, :]
+    done = rng.random((steps, batch)) < 0.2
+    terminated = done & (rng.random((steps, batch)) < 0.5)
+    got = np.asarray(valid_td_mask(jnp.asarray(mask), jnp.asarray(terminated), jnp.asarray(done), n))
+    for b in range(batch):
+        np.testing.assert_array_equal(got[:, b], valid_td_mask_np(mask[:, b], terminated[:, b], done[:, b], n))
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="burn_in"):
+        small_config(burn_in=11)
+    with pytest.raises(ValueError, match="buffer_capacity_per_env"):
+        small_config(buffer_capacity_per_env=12)
+    with pytest.raises(ValueError, match="period"):
+        small_config(period=0)
+
+
+# ----------------------------------------------------------------------------- the n-step target, in NumPy
+def reference_td(agent, params, target_params, data, mask, stored_state=True):
+    """|td| [B, L-b-1] and validity by explicit loops: unroll with resets, h(G + g^k h^-1(Q_target(a*)))."""
+    cfg = agent.cfg
+    obs, act, rew = data["obs"], data["action"], data["reward"]
+    term, trunc = data["terminated"], data["truncated"]
+    done = term | trunc
+    batch, length = mask.shape
+
+    apply = jax.jit(agent.network.apply)
+
+    def unroll(p, b):
+        c = (data["carry"].c[b : b + 1, 0], data["carry"].h[b : b + 1, 0]) if stored_state else agent.initial_carry(1)
+        qs = []
+        for t in range(length):
+            reset = jnp.array([[t > 0 and bool(done[b, t - 1])]])
+            c, q = apply(p, c, jnp.asarray(obs[b, t])[None, None], reset)
+            qs.append(np.asarray(q[0, 0], np.float64))
+        return np.stack(qs)
+
+    bi, n, g = cfg.burn_in, cfg.n_step, cfg.discount
+    tds, oks = np.zeros((batch, length - bi - 1)), np.zeros((batch, length - bi - 1), bool)
+    for b in range(batch):
+        q, qt = unroll(params, b), unroll(target_params, b)
+        for t in range(bi, length - 1):
+            ret, disc, ok, cut = 0.0, 1.0, bool(mask[b, t]), False
+            for j in range(t, min(t + n, length - 1)):
+                ret += disc * rew[b, j]
+                if done[b, j] or not mask[b, j + 1]:  # the chain stops at j
+                    ok, cut = ok and bool(term[b, j]), True
+                    break
+                disc *= g
+            if not cut:  # double Q: the online argmax, valued by the target network
+                ret += disc * h_inv_np(qt[j + 1, np.argmax(q[j + 1])])
+            tds[b, t - bi] = h_np(ret) - q[t, act[b, t]]
+            oks[b, t - bi] = ok
+    return np.abs(tds), oks
+
+
+@pytest.mark.parametrize("stored_state", [True, False])
+def test_sequence_td_matches_numpy_reference(stored_state):
+    agent = R2D2(small_config(stored_state=stored_state), obs_shape=(2,), obs_dtype=jnp.float32,
+                 num_actions=3, num_envs=E)
+    rng = np.random.default_rng(1)
+    batch, length = 3, agent.cfg.sequence_length
+    term = np.zeros((batch, length), bool)
+    trunc = np.zeros((batch, length), bool)
+    term[0, 7] = True  # an episode terminates inside the trained part, the next one starts at 8
+    trunc[1, 9] = True  # a truncation: steps whose window reaches it have no usable target
+    term[2, 2] = True  # an episode ends inside the burn-in
+    mask = np.ones((batch, length), bool)
+    mask[2, 10:] = False  # the newest stored step of this row is 9
+    data = {
+        "obs": rng.normal(size=(batch, length, 2)).astype(np.float32),
+        "action": rng.integers(0, 3, (batch, length)).astype(np.int32),
+        "reward": rng.normal(size=(batch, length)).astype(np.float32) * 5,
+        "terminated": term, "truncated": trunc,
+        "carry": type(agent.initial_carry(1))(*rng.normal(size=(2, batch, length, H)).astype(np.float32)),
+    }
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
+    target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
+    jdata = jax.tree.map(jnp.asarray, data)
+    _, aux = jax.jit(agent.sequence_loss)(params, target, jdata, jnp.asarray(mask), jnp.ones(batch))
+    ref_td, ref_ok = reference_td(agent, params, target, data, mask, stored_state)
+    np.testing.assert_array_equal(np.asarray(aux["valid"]).T, ref_ok)
+    assert ref_ok.sum() > 10 and (~ref_ok).sum() >= 4  # both kinds exercised
+    np.testing.assert_allclose(np.asarray(aux["abs_td"]).T[ref_ok], ref_td[ref_ok], rtol=2e-4, atol=2e-4)
+    assert not np.asarray(aux["abs_td"]).T[~ref_ok].any()
+
+
+def test_burn_in_steps_get_no_gradient():
+    agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=2, num_envs=E)
+    rng = np.random.default_rng(2)
+    batch, length = 2, agent.cfg.sequence_length
+    data = {
+        "obs": jnp.asarray(rng.normal(size=(batch, length, 2)), jnp.float32),
+        "action": jnp.asarray(rng.integers(0, 2, (batch, length)), jnp.int32),
+        "reward": jnp.ones((batch, length)), "terminated": jnp.zeros((batch, length), bool),
+        "truncated": jnp.zeros((batch, length), bool),
+        "carry": jax.tree.map(lambda x: jnp.repeat(x[:, None], length, 1), agent.initial_carry(batch)),
+    }
+    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(2))
+    mask = jnp.ones((batch, length), bool)
+
+    @jax.jit
+    def loss_of_obs(obs):
+        return agent.sequence_loss(state.params, state.target_params, {**data, "obs": obs}, mask, jnp.ones(batch))[0]
+
+    g = np.asarray(jax.grad(loss_of_obs)(data["obs"]))
+    assert not g[:, : agent.cfg.burn_in].any()
+    assert np.abs(g[:, agent.cfg.burn_in :]).sum() > 0
+    # ... though the burn-in does shape the state the trained steps start from
+    assert loss_of_obs(data["obs"]) != loss_of_obs(data["obs"].at[:, 0].add(1.0))
+
+
+# --------------------------------------------------------------------------------------- buffer + actor
+def test_sequences_hold_one_env_and_the_actors_state_at_their_start(rollout):
+    agent, state, bs, obs_log, carry_log, done_log = rollout
+    assert done_log.sum() >= E  # episodes ended: resets happened inside the rows
+    sample = agent.buffer.sample(bs, jax.random.PRNGKey(3), 64)
+    T, L = agent.cfg.buffer_capacity_per_env, agent.cfg.sequence_length
+    env, start = np.asarray(sample.env_ids), np.asarray(sample.slots) % T  # T > STEPS: position = step
+    mask = np.asarray(sample.mask)
+    assert mask.all()  # complete_only: every sampled sequence is fully stored
+    assert (start % agent.cfg.period == 0).all() and (start + L <= STEPS).all()
+    assert len(set(zip(env.tolist(), start.tolist()))) > 10
+    data = jax.tree.map(np.asarray, sample.data)
+    for b in range(64):
+        e, s = env[b], start[b]
+        # every step of the sequence is from row e, in time order: never a mix of two envs' rows
+        np.testing.assert_array_equal(data["obs"][b], obs_log[s : s + L, e])
+        # the stored state is exactly the carry the actor had before acting on the first step ...
+        np.testing.assert_array_equal(data["carry"].h[b], carry_log.h[s : s + L, e])
+        np.testing.assert_array_equal(data["carry"].c[b], carry_log.c[s : s + L, e])
+    # ... which is the network's state after unrolling the env's history from zero, with episode resets
+    e = int(env[0])
+    reset = np.concatenate([[False], done_log[:-1, e]])[:, None]
+
+    @jax.jit
+    def actor_step(c, o, r):
+        c = reset_carry(c, agent.initial_carry(1), r)
+        return c, agent.network.apply(state.params, c, o[None, None], jnp.zeros((1, 1), bool))[0]
+
+    c, hs = agent.initial_carry(1), []
+    for t in range(STEPS):
+        before, c = actor_step(c, obs_log[t, e], reset[t])
+        hs.append(np.asarray(before.h[0]))
+    np.testing.assert_allclose(np.stack(hs), carry_log.h[:, e], rtol=1e-5, atol=1e-6)
+
+
+def test_train_step_sets_mixed_priorities_under_donation(rollout):
+    agent, state, bs, *_ = rollout
+    key = jax.random.PRNGKey(4)
+    sample = agent.buffer.sample(bs, key, agent.cfg.batch_size)
+    _, aux = jax.jit(agent.sequence_loss)(state.params, state.target_params, sample.data, sample.mask,
+                                          jnp.ones(agent.cfg.batch_size))
+    expected = sequence_priority_np(np.asarray(aux["abs_td"]).T, np.asarray(aux["valid"]).T, agent.cfg.priority_eta)
+    slots = np.asarray(sample.slots)
+    bs_copy = jax.tree.map(jnp.copy, bs)
+
+    step = jax.jit(agent.train_step, donate_argnums=(0, 1))
+    new_state, new_bs, metrics = step(jax.tree.map(jnp.copy, state), bs_copy, key)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(bs_copy))  # donated: updated in place
+    stored = np.asarray(new_bs.priority)[slots]
+    np.testing.assert_allclose(stored, expected ** agent.cfg.priority_exponent, rtol=1e-5, atol=1e-7)
+    untouched = np.setdiff1d(np.flatnonzero(np.asarray(bs.priority)), slots)
+    np.testing.assert_array_equal(np.asarray(new_bs.priority)[untouched], np.asarray(bs.priority)[untouched])
+    assert 0 < float(metrics["importance_weight"]) <= 1
+
+    # the second update samples by the new priorities: weights differ from 1 with exponent 0.6 ...
+    new_state, new_bs, metrics = step(new_state, new_bs, jax.random.PRNGKey(5))
+    assert float(metrics["importance_weight"]) < 1
+    # ... the target network is copied every target_update_period (2) updates
+    for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(new_state.target_params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(new_state.updates) == 2
+
+
+def test_importance_exponent_zero_switches_weights_off(rollout):
+    agent, state, bs, *_ = rollout
+    off = R2D2(small_config(importance_exponent=0.0), obs_shape=agent.obs_shape, obs_dtype=agent.obs_dtype,
+               num_actions=agent.num_actions, num_envs=E)
+    bs = off.buffer.set_priorities(bs, jnp.arange(0, 64, 4), jnp.linspace(0.1, 5.0, 16))  # unequal priorities
+    key = jax.random.PRNGKey(6)
+    assert float(jax.jit(off.train_step)(state, bs, key)[2]["importance_weight"]) == 1.0
+    assert float(jax.jit(agent.train_step)(state, bs, key)[2]["importance_weight"]) < 1.0  # exponent 0.6
