@@ -419,9 +419,10 @@ def init_state(runner: Sebulba, seed: int):
     """Initial `(agent_state, buffer_state, learner_key, actor_key)`."""
     k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(seed), 3)
     obs = runner.source.obs_example()
-    # Copies: leaves that share a buffer (e.g. target params = params at init) cannot be donated together.
-    agent_state = runner.copy(runner.agent.init(k_agent, obs))
-    buffer_state = runner.copy(runner.agent.buffer.init(runner.agent.step_prototype(obs)))
+    # Jitted (eager network init is slow), then copied: leaves that share a buffer (e.g. target params =
+    # params at init) cannot be donated together.
+    agent_state = runner.copy(jax.jit(runner.agent.init)(k_agent, obs))
+    buffer_state = runner.copy(jax.jit(lambda: runner.agent.buffer.init(runner.agent.step_prototype(obs)))())
     return agent_state, buffer_state, k_learn, k_act
 
 
