@@ -55,6 +55,7 @@ def check_items(prototype, items, batch_dims: tuple[int, ...] | None, what: str 
     flat_proto = jax.tree_util.tree_leaves_with_path(prototype)
     flat_items = jax.tree_util.tree_leaves(items)
     lead = batch_dims
+    lead_from = "" if batch_dims is not None else None
     for (path, spec), x in zip(flat_proto, flat_items):
         shape = tuple(np.shape(x))
         if lead is None:
@@ -64,11 +65,12 @@ def check_items(prototype, items, batch_dims: tuple[int, ...] | None, what: str 
                     f"{what} leaf {_path(path)}: expected shape (..., *{spec.shape}), received {shape}"
                 )
             lead = shape[:nlead]
+            lead_from = f" as in leaf {_path(path)}"
         expected = tuple(lead) + tuple(spec.shape)
         if shape != expected:
             raise BufferInputError(
                 f"{what} leaf {_path(path)}: expected shape {expected}, received {shape}"
-                f" (prototype leaf shape {spec.shape}, leading dims {tuple(lead)})"
+                f" (prototype leaf shape {spec.shape}, leading dims {tuple(lead)}{lead_from})"
             )
         dtype = jnp.result_type(x)
         weak = not hasattr(x, "dtype") or getattr(x, "weak_type", False)

@@ -44,7 +44,7 @@ class PrioritisedBuffer(FlatBuffer):
     """Static configuration and pure functions of a prioritised flat buffer (see `make_prioritised_buffer`)."""
 
     priority_exponent: float = 0.6
-    fanout: int = 32
+    fanout: int = sumtree.DEFAULT_FANOUT
 
     def __post_init__(self):
         super().__post_init__()
@@ -105,7 +105,7 @@ class PrioritisedBuffer(FlatBuffer):
 
 
 def make_prioritised_buffer(
-    capacity: int, priority_exponent: float = 0.6, min_size: int = 1, fanout: int = 32
+    capacity: int, priority_exponent: float = 0.6, min_size: int = 1, fanout: int = sumtree.DEFAULT_FANOUT
 ) -> PrioritisedBuffer:
     """A prioritised flat buffer of `capacity` items sampled in proportion to priority**priority_exponent."""
     return PrioritisedBuffer(

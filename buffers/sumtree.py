@@ -7,8 +7,8 @@ holds the sums of consecutive groups of `fanout` entries of the level below, unt
 `set` writes a batch of leaves, then recomputes each touched parent *from its children*, level by level.
 Parents are never updated by deltas, so totals cannot drift, and duplicate indices in a batch are harmless
 (every duplicate recomputes the same sum). With capacity C and fan-out F both `set` and `sample` cost
-O(batch * F * log_F C) work in a fixed number of vectorised gathers/scatters (depth is static: 4 levels at
-F=32 for C=1M, 5 for 10M); no while loop, no host callback.
+O(batch * F * log_F C) work in a fixed number of vectorised gathers/scatters (depth is static: 5 levels at
+F=16 for C=1M, 6 for 10M); no while loop, no host callback.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+DEFAULT_FANOUT = 16  # fastest of 16/32/64 for add+sample+set_priorities at 1M and 10M leaves on CPU
+
 
 @struct.dataclass
 class SumTree:
     levels: tuple  # top level first; levels[-1] are the leaves, shape [ceil(C/F)*F]
-    fanout: int = struct.field(pytree_node=False, default=32)
+    fanout: int = struct.field(pytree_node=False, default=DEFAULT_FANOUT)
 
     @property
     def capacity_padded(self) -> int:
@@ -42,7 +44,7 @@ def _level_sizes(capacity: int, fanout: int) -> list[int]:
     return sizes[::-1]
 
 
-def init(capacity: int, fanout: int = 32, dtype=jnp.float32) -> SumTree:
+def init(capacity: int, fanout: int = DEFAULT_FANOUT, dtype=jnp.float32) -> SumTree:
     """An all-zero tree over `capacity` leaves."""
     if capacity < 1 or fanout < 2:
         raise ValueError(f"sum tree needs capacity >= 1 and fanout >= 2, got {capacity=} {fanout=}")
@@ -55,8 +57,8 @@ def total(tree: SumTree) -> jax.Array:
 
 
 def get(tree: SumTree, indices: jax.Array) -> jax.Array:
-    """Leaf values at `indices` ([B] -> [B]); out-of-range indices read 0."""
-    return jnp.take(tree.levels[-1], indices, mode="fill", fill_value=0)
+    """Leaf values at `indices` ([B] -> [B]); indices outside `[0, capacity_padded)` read 0."""
+    return tree.levels[-1].at[indices].get(mode="fill", fill_value=0, wrap_negative_indices=False)
 
 
 def set(tree: SumTree, indices: jax.Array, values: jax.Array) -> SumTree:
