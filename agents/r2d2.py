@@ -151,7 +151,7 @@ class R2D2:
             priority_exponent=cfg.priority_exponent,
             done_fn=lambda step: step["terminated"] | step["truncated"],
         )
-        self.train_interval = cfg.train_interval
+        self.train_interval, self.batch_size = cfg.train_interval, cfg.batch_size
         # a full sequence must exist in every row before sampling can start
         self.learning_starts = max(cfg.learning_starts, self.num_envs * cfg.sequence_length)
 
@@ -189,14 +189,14 @@ class R2D2:
         }
 
     def step_prototype(self, obs_example):
-        zeros = jnp.zeros((self.cfg.lstm_size,), jnp.float32)
+        h = self.cfg.lstm_size
         return {
             "obs": jnp.zeros(self.obs_shape, self.obs_dtype),
             "action": jnp.int32(0),
             "reward": jnp.float32(0),
             "terminated": jnp.bool_(False),
             "truncated": jnp.bool_(False),
-            "carry": LSTMCarry(zeros, zeros),
+            "carry": LSTMCarry(jnp.zeros((h,), jnp.float32), jnp.zeros((h,), jnp.float32)),
         }
 
     # --------------------------------------------------------------------------------------- learning

@@ -30,9 +30,8 @@ class LSTMCarry(NamedTuple):
 
 
 def zero_carry(batch: int, hidden_size: int) -> LSTMCarry:
-    """The initial (zero) state for `batch` fresh episodes."""
-    zeros = jnp.zeros((batch, hidden_size), jnp.float32)
-    return LSTMCarry(zeros, zeros)
+    """The initial (zero) state for `batch` fresh episodes (two distinct arrays, so both can be donated)."""
+    return LSTMCarry(jnp.zeros((batch, hidden_size), jnp.float32), jnp.zeros((batch, hidden_size), jnp.float32))
 
 
 def reset_flags(done: jax.Array) -> jax.Array:
