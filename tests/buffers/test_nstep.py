@@ -56,6 +56,7 @@ def fns(prioritised: bool):
 
 
 def check_transitions(s, ref: RowsRef, probs: np.ndarray | None = None):
+    s = jax.tree_util.tree_map(np.asarray, s)
     for b in range(len(s.slots)):
         e, a = int(s.env_ids[b]), ref.abs_of_slot(int(s.slots[b]))
         assert a is not None

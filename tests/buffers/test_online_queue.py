@@ -51,6 +51,7 @@ def fns(i):
 
 def check_online(sample, ref: OnlineRef, rows: slice | None = None):
     w = ref.online_weights()
+    sample = jax.tree_util.tree_map(np.asarray, sample)
     sub = sample if rows is None else jax.tree_util.tree_map(lambda x: x[rows], sample)
     for b in range(len(sub.slots)):
         e, a = int(sub.env_ids[b]), ref.abs_of_slot(int(sub.slots[b]))
@@ -89,7 +90,7 @@ def test_online_queue_matches_reference(cfg, ops, seed):
             if has:
                 check_online(buf.sample_online(state, jax.random.key(arg), 8), ref)
         elif kind == "mixed" and ref.online_weights().sum() > 0 and ref.weights().sum() > 0:
-            s = buf.sample_mixed(state, jax.random.key(arg), 10, 0.3)
+            s = jax.tree_util.tree_map(np.asarray, buf.sample_mixed(state, jax.random.key(arg), 10, 0.3))
             assert s.slots.shape == (10,) and s.mask.shape == (10, L)
             check_online(s, ref, slice(0, 3))
             check_sequences(jax.tree_util.tree_map(lambda x: x[3:], s), ref, ref.weights())

@@ -99,6 +99,7 @@ class SeqRef(RowsRef):
 def check_sequences(sample, ref: SeqRef, weights: np.ndarray | None, x_key="x"):
     """Every sampled sequence: an eligible start, the reference mask, the reference data in its valid part
     (the counter proves it is contiguous in time and from one env), and the episode rules."""
+    sample = jax.tree_util.tree_map(np.asarray, sample)  # one transfer, then plain NumPy indexing
     total = None if weights is None else weights.sum()
     for b in range(len(sample.slots)):
         slot, e = int(sample.slots[b]), int(sample.env_ids[b])
