@@ -8,7 +8,8 @@
   job's overrides), which `wandb.init` picks up; with the local joblib launcher it also sets
   `XLA_PYTHON_CLIENT_PREALLOCATE=false` (unless set) so parallel jobs can share one GPU;
 * after each job: writes `job.json` (overrides, status, the returned objective, the error) in its run dir;
-* after the sweep: writes `<sweep dir>/summary.csv`, one row per job (see `summarize`).
+* after the sweep: writes `<sweep dir>/summary.csv`, one row per job (see `summarize`);
+  `python -m rl.sweep <sweep dir>` rewrites it (e.g. after a SLURM sweep whose launcher was stopped).
 
 Single runs are untouched. The readers below (`find_runs`, `read_metrics`, `run_overrides`) are shared
 with scripts/plot.py. Everything is read from the local files the runs write (rl/logging.py:
@@ -195,3 +196,11 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         path = summarize(config.hydra.sweep.dir, self.summary_file)
         print(f"sweep summary: {path.absolute()}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m rl.sweep <sweep dir>")
+    print(summarize(sys.argv[1]))

@@ -22,8 +22,8 @@ RUNNERS = {"gymnax": "rl.anakin", "envpool": "rl.sebulba"}
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Validate `cfg`, then train with the runner of `cfg.env.source`, writing into `run_dir`."""
+    distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
     validate(cfg)
-    distributed.initialize(cfg.distributed)  # before any JAX computation; no-op unless enabled
     from rl.logging import RunLogger
 
     runner = importlib.import_module(RUNNERS[cfg.env.source])

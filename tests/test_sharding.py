@@ -121,6 +121,27 @@ def test_two_processes_match_one_process(tmp_path):
     np.testing.assert_allclose(multi["losses"], r["one"]["losses"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_two_process_training_matches_one_process(tmp_path):
+    """`python -m scripts.train distributed=env` in 2 processes x 2 CPU devices == the 1-device run."""
+    port = _free_port()
+    common = {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
+              "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "scripts.train", *DQN, "checkpoint.enabled=false"]
+    procs = [subprocess.Popen([*cmd, "distributed=env", f"hydra.run.dir={tmp_path / str(i)}"], cwd=ROOT,
+                              env=_env(2, JAX_PROCESS_ID=str(i), **common), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    procs.append(subprocess.Popen([*cmd, f"hydra.run.dir={tmp_path / 'single'}"], cwd=ROOT, env=_env(1),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out[-3000:]
+    single = np.genfromtxt(tmp_path / "single" / "metrics.csv", delimiter=",", skip_header=1)
+    for i in range(2):
+        multi = np.genfromtxt(tmp_path / str(i) / "metrics.csv", delimiter=",", skip_header=1)
+        np.testing.assert_allclose(multi, single, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
 def test_single_device_is_the_plain_path():
     assert jax.device_count() == 1, "the default test process must stay single-device"
     assert sharding.mesh_from_config(None) is None

@@ -35,6 +35,7 @@ def test_default_launcher_is_local_joblib_and_callback_registered():
     assert cfg.hydra.callbacks.sweep._target_ == "rl.sweep.SweepCallback"
 
 
+# The SLURM/ray launchers and the Optuna sweeper are the `cluster` extra of pyproject.toml.
 @pytest.mark.parametrize("launcher, target, override, expected", [
     ("local", "hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs=2",
      {"n_jobs": 2, "prefer": "processes"}),
@@ -44,6 +45,7 @@ def test_default_launcher_is_local_joblib_and_callback_registered():
      {"ray.remote.num_gpus": 1, "ray.remote.num_cpus": 4, "ray.init.address": "head:6379"}),
 ])
 def test_launcher_configs_compose(launcher, target, override, expected, monkeypatch):
+    pytest.importorskip(f"hydra_plugins.{target.split('.')[0]}")
     monkeypatch.setenv("RAY_ADDRESS", "head:6379")
     cfg = hydra_compose([f"hydra/launcher={launcher}", f"hydra.launcher.{override}"])
     assert cfg.hydra.launcher._target_ == f"hydra_plugins.{target}"
@@ -51,6 +53,7 @@ def test_launcher_configs_compose(launcher, target, override, expected, monkeypa
 
 
 def test_launcher_configs_reject_unknown_keys():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException, match="partitionn"):
@@ -58,6 +61,7 @@ def test_launcher_configs_reject_unknown_keys():
 
 
 def test_optuna_sweeper_params_parse_and_exist_in_the_agent_config():
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 
     cfg = hydra_compose(["hydra/sweeper=optuna_dqn", "agent=dqn"])
@@ -193,3 +197,9 @@ def test_plot_real_sweep_logs(tiny_sweep):
     assert sorted(groups) == ["agent.optim.lr=0.0003", "agent.optim.lr=0.001"]
     path = plot.main([str(out), "--metric", "episode_return", "--metric", "train/loss"])
     assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_objective_is_the_mean_eval_return_else_the_last_logged_return():
+    assert sweep.objective({"eval_returns": [[1.0, 3.0], [5.0, 7.0]], "episode_return": [0.0, 0.0]}) == 4.0
+    assert sweep.objective({"eval_returns": [[], []], "episode_return": [2.0, float("nan"), 4.0]}) == 3.0
+    assert np.isnan(sweep.objective({"eval_returns": [], "episode_return": [float("nan")]}))
