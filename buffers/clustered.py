@@ -80,10 +80,13 @@ class ClusteredBuffer:
         valid = (ids >= 0) & (ids < k)
         ids = jnp.where(valid, ids, k)
         # Rank of each item among the batch's items of the same cluster, via a stable sort (no loop).
+        # Sorted, each item's rank is its distance to the first of its run of equal ids (a running max).
         order = jnp.argsort(ids, stable=True)
         sorted_ids = ids[order]
-        first = jnp.searchsorted(sorted_ids, sorted_ids, side="left").astype(jnp.int32)
-        rank = jnp.zeros((b,), jnp.int32).at[order].set(jnp.arange(b, dtype=jnp.int32) - first)
+        pos = jnp.arange(b, dtype=jnp.int32)
+        run_start = jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]])
+        first = jax.lax.cummax(jnp.where(run_start, pos, 0))
+        rank = jnp.zeros((b,), jnp.int32).at[order].set(pos - first, unique_indices=True)
         count = jnp.zeros((k,), jnp.int32).at[ids].add(1, mode="drop")
         ids_c = jnp.minimum(ids, k - 1)
         keep = valid & (rank >= count[ids_c] - tc)  # earlier items that a later one would overwrite: drop
@@ -120,7 +123,8 @@ class ClusteredBuffer:
         r = randint_below(k_cluster, (batch_size,), jnp.maximum(n, 1))
         # The r-th non-empty cluster: first cluster whose running count of non-empty clusters exceeds r.
         running = jnp.cumsum(nonempty, dtype=jnp.int32)
-        cid = jnp.minimum(jnp.searchsorted(running, r, side="right"), self.num_clusters - 1).astype(jnp.int32)
+        cid = jnp.searchsorted(running, r, side="right", method="compare_all")  # O(B*K), no loop
+        cid = jnp.minimum(cid, self.num_clusters - 1).astype(jnp.int32)
         cid = jnp.where(n > 0, cid, 0)
         idx = randint_below(k_slot, (batch_size,), jnp.maximum(state.size[cid], 1))
         items = jax.tree_util.tree_map(lambda x: x[cid, idx], state.data)

@@ -46,6 +46,13 @@ def while_loops(text: str) -> list[str]:
     return [line for op, _, line in hlo_instructions(text) if op == "while"]
 
 
+def is_threefry_loop(line: str) -> bool:
+    """Whether a `while` line is JAX's CPU lowering of threefry (a rolled loop of 5 rounds over uint32
+    words; the op metadata does not say so, the shape does: trip count 5, a tuple of only u32/s32 arrays)."""
+    types_ = re.findall(r"\b([a-z]+\d*)\[", line.split(" while(")[0])
+    return '"known_trip_count":{"n":"5"}' in line and set(types_) <= {"u32", "s32"}
+
+
 def capacity_copies(text: str, capacity_dims: set[int]) -> list[str]:
     """Instructions that copy/rebuild an array having one of `capacity_dims` (copy, concatenate, pad, ...)."""
     return [
@@ -112,6 +119,7 @@ def hlo():
     return types.SimpleNamespace(
         instructions=hlo_instructions,
         while_loops=while_loops,
+        is_threefry_loop=is_threefry_loop,
         capacity_copies=capacity_copies,
         capacity_passes=capacity_passes,
         in_place_report=in_place_report,
