@@ -9,7 +9,7 @@ Targets come from the target ("prior") network, an EMA of the online parameters 
   the baseline v(s) = E_{pi_prior} q(s, .);
 * Retrace (lambda 0.95) over the sequence with pi_prior as target policy and the stored behaviour
   log-probabilities: G_t estimates q(s_t, a_t), V_t the state value (rl/retrace.py);
-* advantages normalised by a running second moment of the Retrace advantages G_t - v(s_t) (EMA, beta 0.99);
+* advantages normalised by a running variance of the Retrace advantages G_t - v(s_t) (EMA, beta 0.99);
 * CMPO: pi_cmpo(a|s) proportional to pi_prior(a|s) exp(clip((q(s, a) - v(s)) / sigma, -c, c)).
 
 Losses on the online network: clipped-importance-weight policy gradient with the Retrace advantage (weight
@@ -25,7 +25,8 @@ Shapes: B batch, L sequence length, K unroll steps, A actions, N atoms, S model 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +65,7 @@ class Config:
     discount: float = 0.995
     retrace_lambda: float = 0.95
     target_update_rate: float = 0.1  # EMA step of the target/prior network towards the online one
-    adv_var_decay: float = 0.99  # beta of the advantage second-moment EMA
+    adv_var_decay: float = 0.99  # beta of the advantage variance EMA
     adv_var_eps: float = 1e-12
     cmpo_clip: float = 1.0  # c
     pg_weight: float = 3.0
@@ -106,7 +107,7 @@ class MuesliState:
     params: Any
     target_params: Any
     opt_state: Any
-    adv_ema: rlax.EmaState  # EMA of the mean and second moment of the Retrace advantages
+    adv_ema: rlax.EmaState  # EMAs of the mean and second moment of the Retrace advantages
     updates: jax.Array  # int32[] train steps taken
 
 
@@ -145,7 +146,7 @@ def unroll_masks(valid: jax.Array, terminated: jax.Array, truncated: jax.Array, 
     the action taken at t + k - 1) needs `same[t, k - 1]`; `absorbing[t, k]` (k >= 1): step t + k - 1 ended
     its episode by termination, so the model state after it has value 0.
     """
-    B, L = valid.shape
+    L = valid.shape[1]
     idx = jnp.arange(L)[:, None] + jnp.arange(unroll_steps + 1)[None, :]  # [L, K+1], unclipped
     inside = idx < L
     cidx = jnp.minimum(idx, L - 1)
@@ -176,12 +177,13 @@ class MuesliAgent:
         self.num_actions = int(num_actions)
         self.num_envs = int(num_envs)
         self.train_interval = cfg.train_interval
+        self.batch_size = cfg.batch_size  # sequences per train step (read by scripts/bench_train.py)
         self.learning_starts = cfg.learning_starts
         self.network = make_network(self.obs_shape, self.num_actions, cfg.num_atoms, cfg.network)
         self.support = CategoricalSupport(cfg.num_atoms, cfg.support_min, cfg.support_max)
         self.optimizer = make_optimizer(cfg.optim)
         capacity_per_env = max(cfg.replay_capacity // self.num_envs, cfg.sequence_length + 1)
-        self.online_batch = int(round(cfg.batch_size * (1.0 - cfg.replay_fraction)))
+        self.online_batch = round(cfg.batch_size * (1.0 - cfg.replay_fraction))
         self.buffer = make_sequence_buffer(
             num_envs=self.num_envs, capacity_per_env=capacity_per_env, sequence_length=cfg.sequence_length,
             period=1, start="any", cross_episodes=True, length_power=cfg.length_power,
@@ -279,7 +281,8 @@ class MuesliAgent:
         retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=cfg.discount))(
             q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
         advantage = retrace.q - v
-        # Running second moment of the Retrace advantages (masked batch mean; no update on an empty batch).
+        # Running variance of the Retrace advantages (EMA of masked batch moments, debiased as in Adam; no
+        # update on a batch without targets).
         mask = retrace.mask.astype(jnp.float32)
         count = jnp.sum(mask)
         batch_mean = jnp.sum(advantage * mask) / jnp.maximum(count, 1.0)
@@ -289,9 +292,7 @@ class MuesliAgent:
                               nu=decay * state.adv_ema.nu + (1 - decay) * batch_m2,
                               decay_product=state.adv_ema.decay_product * decay)
         adv_ema = jax.tree_util.tree_map(lambda new, old: jnp.where(count > 0, new, old), moved, state.adv_ema)
-        tiny = jnp.finfo(jnp.float32).tiny
-        second_moment = adv_ema.nu / jnp.maximum(1.0 - adv_ema.decay_product, tiny)
-        scale = jnp.sqrt(second_moment + cfg.adv_var_eps)
+        scale = jnp.sqrt(adv_ema.debiased_moments().variance + cfg.adv_var_eps)
         log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, cfg.cmpo_clip)
         targets = Targets(retrace=retrace, cmpo_log_probs=log_cmpo, pg_advantage=advantage / scale)
         metrics = {"adv_scale": scale, "value_prior": _masked_mean(v, valid),

@@ -15,7 +15,7 @@ layers start at zero, so the initial value and reward read back as 0; the policy
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -8,7 +8,7 @@ uint8 pixels are scaled to [0, 1].
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp

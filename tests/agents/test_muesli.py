@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from hydra import compose, initialize
 
-from agents.muesli import (Config, cmpo_log_probs, episode_index, make_agent, unroll_indices, unroll_masks)
+from agents.muesli import Config, cmpo_log_probs, episode_index, make_agent, unroll_indices, unroll_masks
 from rl.config import ConfigError, agent_config
 
-SMALL = dict(name="muesli", batch_size=8, sequence_length=6, unroll_steps=3, num_atoms=21, support_min=-10.0,
-             support_max=10.0, replay_capacity=64, train_interval=4, learning_starts=0,
-             network=dict(torso="mlp", hidden_sizes=[16], state_dim=16, model_hidden=[16], head_hidden=[16]))
+SMALL = {"name": "muesli", "batch_size": 8, "sequence_length": 6, "unroll_steps": 3, "num_atoms": 21,
+         "support_min": -10.0, "support_max": 10.0, "replay_capacity": 64, "train_interval": 4,
+         "learning_starts": 0,
+         "network": {"torso": "mlp", "hidden_sizes": [16], "state_dim": 16, "model_hidden": [16], "head_hidden": [16]}}
 E = 4
 
 
@@ -70,7 +71,8 @@ def test_unroll_masks_stop_at_episode_ends_and_data_end():
     valid = np.arange(L)[None] < rng.integers(2, L + 1, size=(B, 1))
     term = rng.random((B, L)) < 0.15
     trunc = (rng.random((B, L)) < 0.1) & ~term
-    same, prev, absorbing = unroll_masks(jnp.asarray(valid), jnp.asarray(term), jnp.asarray(trunc), K)
+    masks = jax.jit(unroll_masks, static_argnums=3)
+    same, prev, absorbing = masks(jnp.asarray(valid), jnp.asarray(term), jnp.asarray(trunc), K)
     ref_same, ref_reward, ref_abs = masks_loop(valid, term, trunc, K)
     np.testing.assert_array_equal(np.asarray(same), ref_same)
     np.testing.assert_array_equal(np.asarray(prev)[..., 1:], ref_reward[..., 1:])
@@ -79,7 +81,7 @@ def test_unroll_masks_stop_at_episode_ends_and_data_end():
     v = jnp.asarray([[True] * 7 + [False] * 2])
     te = jnp.zeros((1, 9), bool).at[0, 1].set(True)
     tr = jnp.zeros((1, 9), bool).at[0, 4].set(True)
-    same, prev, absorbing = unroll_masks(v, te, tr, 3)
+    same, prev, absorbing = masks(v, te, tr, 3)
     assert same[0, 0].tolist() == [True, True, False, False]  # steps 0, 1; step 2 is a new episode
     assert prev[0, 0, 1:].tolist() == [True, True, False]  # rewards of steps 0 and 1 only
     assert absorbing[0, 0].tolist() == [False, False, True, False]  # the state after terminal step 1
@@ -114,6 +116,7 @@ def test_loss_ignores_steps_past_the_data_and_model_steps_past_episode_ends():
     L = agent.cfg.sequence_length
     batch, valid = random_batch(jax.random.PRNGKey(1), 8, L, jnp.array([6, 5, 4, 3, 6, 2, 6, 1]))
 
+    @jax.jit
     def loss(b, v):
         targets, _, _ = agent.targets(state, b, v)
         return agent.loss(state.params, targets, b, v)[0]
@@ -131,6 +134,7 @@ def test_loss_ignores_steps_past_the_data_and_model_steps_past_episode_ends():
     one = {**one, "terminated": jnp.zeros((1, L), bool).at[0, 1].set(True)}
     v1 = jnp.arange(L)[None] < 3
 
+    @jax.jit
     def reward_loss(r2):
         b = {**one, "reward": one["reward"].at[0, 2].set(r2)}
         targets, _, _ = agent.targets(state, b, v1)
@@ -150,13 +154,19 @@ def test_loss_ignores_steps_past_the_data_and_model_steps_past_episode_ends():
 # ---- buffer, online queue and train step ----------------------------------------------------------------
 
 def fill(agent, state, buffer_state, key, steps):
-    for i in range(steps):
-        key, k1, k2 = jax.random.split(key, 3)
+    """`steps` env steps of random observations for every env (env 0 terminates every 5th step)."""
+
+    def one(buffer_state, xs):
+        i, k = xs
+        k1, k2 = jax.random.split(k)
         obs = jax.random.normal(k1, (E, 3))
         action, _, extras = agent.act(state, obs, (), k2, jnp.arange(E))
         step = agent.make_step(obs, action, jnp.ones(E), jnp.zeros(E, bool).at[0].set(i % 5 == 4),
                                jnp.zeros(E, bool), None, (), extras)
-        buffer_state = agent.buffer.add(buffer_state, step, jnp.arange(E))
+        return agent.buffer.add(buffer_state, step, jnp.arange(E)), None
+
+    key, sub = jax.random.split(key)
+    buffer_state, _ = jax.lax.scan(one, buffer_state, (jnp.arange(steps), jax.random.split(sub, steps)))
     return buffer_state, key
 
 
@@ -183,7 +193,7 @@ def test_online_queue_is_sampled_once_then_consumed():
 
 
 def test_updates_fit_a_fixed_batch():
-    agent = small_agent(optim=dict(lr=3e-3))
+    agent = small_agent(optim={"lr": 3e-3})
     state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
     batch, valid = random_batch(jax.random.PRNGKey(1), 8, agent.cfg.sequence_length, jnp.full(8, 6))
     batch["reward"] = jnp.round(batch["reward"])
@@ -233,3 +243,21 @@ def test_hydra_presets():
     assert (paper.batch_size, paper.sequence_length, paper.num_atoms, paper.replay_fraction) == (96, 30, 601, 0.75)
     assert (paper.discount, paper.retrace_lambda, paper.target_update_rate, paper.optim.lr) == (0.995, 0.95, 0.1, 3e-4)
     assert cartpole == small and cartpole.network.torso == "mlp" and cartpole.batch_size < 96
+
+
+# ---- learning (slow) ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_cartpole_reaches_475_within_500k_steps_on_3_seeds(tmp_path):
+    """`python -m scripts.train agent=muesli env=cartpole seeds=3`: every seed's mean training return over a
+    log interval (10k env steps) reaches 475 within 500k env steps."""
+    from rl.config import compose
+    from scripts.muesli_experiments import summary
+    from scripts.train import run
+
+    cfg = compose(["agent=muesli", "env=cartpole", "seeds=3", "total_steps=500000", "logger=none",
+                   "checkpoint.enabled=false", "eval_episodes=0"])
+    run(cfg, tmp_path)
+    rows = summary(tmp_path, threshold=475.0)
+    assert len(rows) == 3
+    assert all(r["first_step_at_threshold"] is not None for r in rows), rows
