@@ -9,7 +9,8 @@ Targets come from the target ("prior") network, an EMA of the online parameters 
   the baseline v(s) = E_{pi_prior} q(s, .);
 * Retrace (lambda 0.95) over the sequence with pi_prior as target policy and the stored behaviour
   log-probabilities: G_t estimates q(s_t, a_t), V_t the state value (rl/retrace.py);
-* advantages normalised by a running variance of the Retrace advantages G_t - v(s_t) (EMA, beta 0.99);
+* advantages normalised by the running second moment of the Retrace advantages G_t - v(s_t) (EMA, beta
+  0.99), their variance since they are centred;
 * CMPO: pi_cmpo(a|s) proportional to pi_prior(a|s) exp(clip((q(s, a) - v(s)) / sigma, -c, c)).
 
 Losses on the online network: clipped-importance-weight policy gradient with the Retrace advantage (weight
@@ -281,7 +282,7 @@ class MuesliAgent:
         retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=cfg.discount))(
             q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
         advantage = retrace.q - v
-        # Running variance of the Retrace advantages (EMA of masked batch moments, debiased as in Adam; no
+        # Running moments of the Retrace advantages (EMA of masked batch moments, debiased as in Adam; no
         # update on a batch without targets).
         mask = retrace.mask.astype(jnp.float32)
         count = jnp.sum(mask)
@@ -292,10 +293,14 @@ class MuesliAgent:
                               nu=decay * state.adv_ema.nu + (1 - decay) * batch_m2,
                               decay_product=state.adv_ema.decay_product * decay)
         adv_ema = jax.tree_util.tree_map(lambda new, old: jnp.where(count > 0, new, old), moved, state.adv_ema)
-        scale = jnp.sqrt(adv_ema.debiased_moments().variance + cfg.adv_var_eps)
+        # The advantages are centred by construction (baseline E_prior q), so their variance is estimated by
+        # the debiased second moment (the EMA of the batch means is kept for monitoring).
+        moments = adv_ema.debiased_moments()
+        second_moment = moments.variance + jnp.square(moments.mean)
+        scale = jnp.sqrt(second_moment + cfg.adv_var_eps)
         log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, cfg.cmpo_clip)
         targets = Targets(retrace=retrace, cmpo_log_probs=log_cmpo, pg_advantage=advantage / scale)
-        metrics = {"adv_scale": scale, "value_prior": _masked_mean(v, valid),
+        metrics = {"adv_scale": scale, "adv_mean": moments.mean, "value_prior": _masked_mean(v, valid),
                    "retrace_target": _masked_mean(retrace.v, retrace.mask)}
         return targets, adv_ema, metrics
 
