@@ -26,6 +26,11 @@ def bump(item):
     return {"obs": item["obs"] + 1, "step": item["step"] * 10}
 
 
+def at(tree, i):
+    """Entry i of every leaf (an index into a leading batch/time axis)."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
 class RefClustered:
     """K plain NumPy circular buffers, items added one at a time in batch order."""
 
@@ -132,32 +137,32 @@ def test_empty_buffer_sample_and_can_sample():
 
 
 def test_scan_and_vmap_match_single_steps():
+    """A scan of add+sample steps, and that scan vmapped over seeds, equal the same steps called one by one."""
+
     def step(state, xs):
         items, ids, key = xs
         state = BUF.add_batch(state, items, ids)
         return state, BUF.sample(state, key, SAMPLE_B)
 
-    def run(key):
+    def inputs(key):
         k_ids, k_sample = jax.random.split(key)
-        ids = jax.random.randint(k_ids, (4, 4), 0, K)
         items = jax.tree.map(lambda x: x.reshape((4, 4) + x.shape[1:]), make_items(1, 16))
-        return jax.lax.scan(step, BUF.init(PROTO), (items, ids, jax.random.split(k_sample, 4)))
+        return items, jax.random.randint(k_ids, (4, 4), 0, K), jax.random.split(k_sample, 4)
 
-    key = jax.random.key(0)
-    state_scan, samples = jax.jit(run)(key)
-    k_ids, k_sample = jax.random.split(key)
-    ids, keys = jax.random.randint(k_ids, (4, 4), 0, K), jax.random.split(k_sample, 4)
-    state, single = BUF.init(PROTO), jax.jit(step)
-    for t in range(4):
-        state, sample = single(
-            state, (jax.tree.map(lambda x: x[4 * t : 4 * t + 4], make_items(1, 16)), ids[t], keys[t])
-        )
-        jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[t], b), samples, sample)
-    jax.tree.map(np.testing.assert_array_equal, state_scan, state)
-    keys3 = jax.random.split(key, 3)
-    batched = jax.jit(jax.vmap(run))(keys3)
-    for i in range(3):
-        jax.tree.map(lambda b, s: np.testing.assert_array_equal(b[i], s), batched, jax.jit(run)(keys3[i]))
+    def run(key):
+        return jax.lax.scan(step, BUF.init(PROTO), inputs(key))
+
+    seeds = jax.random.split(jax.random.key(0), 2)
+    batched = jax.jit(jax.vmap(run))(seeds)
+    scanned = jax.jit(run)(seeds[0])
+    jax.tree.map(np.testing.assert_array_equal, scanned, at(batched, 0))
+    single = jax.jit(step)
+    for i, seed in enumerate(seeds):
+        state, xs = BUF.init(PROTO), inputs(seed)
+        for t in range(4):
+            state, sample = single(state, at(xs, t))
+            jax.tree.map(np.testing.assert_array_equal, at(at(batched[1], i), t), sample)
+        jax.tree.map(np.testing.assert_array_equal, at(batched[0], i), state)
 
 
 def test_donated_add_keeps_storage_in_place(hlo):

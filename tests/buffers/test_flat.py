@@ -31,6 +31,11 @@ def bump(item):
     return {"obs": item["obs"] * 2 + 1, "step": item["step"] + 100, "flag": ~item["flag"]}
 
 
+def at(tree, i):
+    """Entry i of every leaf (an index into a leading batch/time axis)."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
 class RefFlat:
     """Plain NumPy circular buffer, one item at a time."""
 
@@ -171,7 +176,7 @@ def test_scan_matches_python_loop():
     state_scan, samples = scanned(BUF.init(PROTO))
     state = BUF.init(PROTO)
     for t in range(6):
-        state, sample = step(state, jax.tree.map(lambda x: x[t], items), keys[t])
+        state, sample = step(state, at(items, t), keys[t])
         np.testing.assert_array_equal(samples.indices[t], sample.indices)
         np.testing.assert_array_equal(samples.items["step"][t], sample.items["step"])
     jax.tree.map(np.testing.assert_array_equal, state_scan, state)
@@ -192,7 +197,7 @@ def test_vmap_over_seeds_matches_single_runs():
     batched = jax.jit(jax.vmap(run))(keys)
     single = jax.jit(run)
     for i, key in enumerate(keys):
-        jax.tree.map(lambda b, s: np.testing.assert_array_equal(b[i], s), batched, single(key))
+        jax.tree.map(np.testing.assert_array_equal, at(batched, i), single(key))
 
 
 def test_donated_writes_keep_the_storage_in_place():

@@ -25,6 +25,11 @@ def make_items(start, n):
     return {"obs": np.stack([k * 0.5, -k], 1).astype(np.float32), "step": k.astype(np.int32)}
 
 
+def at(tree, i):
+    """Entry i of every leaf (an index into a leading batch/time axis)."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
 class RefPrioritised:
     """Plain NumPy prioritised buffer: circular storage, raw priorities, p**alpha weights."""
 
@@ -195,24 +200,25 @@ def learner_step(buf, batch=32, add=16):
 
 
 def test_scan_and_vmap_match_single_steps():
+    """A scan of learner steps, and that scan vmapped over seeds, equal the same steps called one by one."""
     step = jax.jit(learner_step(BUF, SAMPLE_B, add=3))
-    keys = jax.random.split(jax.random.key(0), 5)
-    state_scan, samples = jax.jit(lambda s: jax.lax.scan(step, s, keys))(BUF.init(PROTO))
-    state = BUF.init(PROTO)
-    for t in range(5):
-        state, sample = step(state, keys[t])
-        np.testing.assert_array_equal(samples.indices[t], sample.indices)
-        np.testing.assert_allclose(samples.probabilities[t], sample.probabilities, rtol=1e-6)
-    jax.tree.map(np.testing.assert_allclose, state_scan, state)
 
     def run(key):
-        return jax.lax.scan(step, BUF.init(PROTO), jax.random.split(key, 3))
+        return jax.lax.scan(step, BUF.init(PROTO), jax.random.split(key, 4))
 
-    batched = jax.jit(jax.vmap(run))(keys[:3])
-    for i in range(3):
-        jax.tree.map(
-            lambda b, s: np.testing.assert_allclose(b[i], s, rtol=1e-6), batched, jax.jit(run)(keys[i])
-        )
+    seeds = jax.random.split(jax.random.key(0), 2)
+    batched = jax.jit(jax.vmap(run))(seeds)
+    state_scan, samples = jax.jit(run)(seeds[0])
+    for i, seed in enumerate(seeds):
+        state = BUF.init(PROTO)
+        for t, key in enumerate(jax.random.split(seed, 4)):
+            state, sample = step(state, key)
+            np.testing.assert_array_equal(batched[1].indices[i, t], sample.indices)
+            np.testing.assert_allclose(batched[1].probabilities[i, t], sample.probabilities, rtol=1e-6)
+            if i == 0:
+                np.testing.assert_array_equal(samples.indices[t], sample.indices)
+        jax.tree.map(lambda b, s: np.testing.assert_allclose(b, s, rtol=1e-6), at(batched[0], i), state)
+    jax.tree.map(lambda b, s: np.testing.assert_allclose(b, s, rtol=1e-6), state_scan, at(batched[0], 0))
 
 
 def test_donated_step_keeps_storage_and_tree_in_place():
@@ -249,21 +255,15 @@ def test_compiled_learner_step_is_in_place(hlo):
     rep = report(loop)
     assert rep["copies"] == [] and rep["passes"] == [] and rep["aliased"] and len(rep["whiles"]) == 1
 
-    # The detector catches copying variants: no donation; a read of the old leaves that the in-place set does
-    # not depend on (XLA must keep the old leaf level alive, so it copies it); a dynamic while loop.
-    rep = report(step, donate=False)
+    # The detector catches copying variants (small programs, quick to compile): no donation; a read of the old
+    # leaves that the in-place set does not depend on (XLA keeps the old leaf level alive: a copy); a
+    # data-dependent while loop.
+    items, idx = make_items(0, 16), jnp.arange(8)
+    rep = report(lambda s, k: buf.add_batch(s, items), donate=False)
     assert rep["copies"] and not rep["aliased"]
-
-    def stale_read(state, key):
-        new, sample = step(state, key)
-        return new, sumtree.get(state.tree, sample.indices)
-
-    assert report(stale_read)["copies"]
-
-    def dynamic_loop(state, key):
-        return jax.lax.fori_loop(0, state.size % 3, lambda i, s: step(s, key)[0], state)
-
-    assert any(not hlo.is_threefry_loop(w) for w in report(dynamic_loop)["whiles"])
+    assert report(lambda s, k: (buf.set_priorities(s, idx, jnp.ones(8)), sumtree.get(s.tree, idx)))["copies"]
+    dynamic = report(lambda s, k: jax.lax.fori_loop(0, s.size % 3, lambda i, s: buf.add_batch(s, items), s))
+    assert any(not hlo.is_threefry_loop(w) for w in dynamic["whiles"])
 
 
 def test_bad_inputs_fail_at_trace_time_with_clear_messages():
