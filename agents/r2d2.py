@@ -57,7 +57,7 @@ class Config:
     value_rescaling: bool = True  # h / h^-1 around the n-step target
     rescaling_eps: float = 1e-3
     target_update_period: int = 2500  # updates between target network copies
-    buffer_capacity_per_env: int = 100_000  # steps per env row
+    buffer_size: int = 100_000  # steps in all, one row of buffer_size // num_envs steps per env
     priority_exponent: float = 0.9
     importance_exponent: float = 0.6  # 0: no importance weighting (the paper)
     priority_eta: float = 0.9  # priority = eta * max|td| + (1 - eta) * mean|td|
@@ -80,9 +80,6 @@ class Config:
         need(self.lstm_size >= 1 and self.batch_size >= 1, "lstm_size and batch_size must be >= 1")
         need(self.target_update_period >= 1 and self.train_interval >= 1,
              "target_update_period and train_interval must be >= 1")
-        need(self.buffer_capacity_per_env > self.sequence_length,
-             f"buffer_capacity_per_env ({self.buffer_capacity_per_env}) must exceed sequence_length "
-             f"({self.sequence_length})")
         need(self.priority_exponent >= 0 and self.importance_exponent >= 0,
              "priority_exponent and importance_exponent must be >= 0")
         need(0.0 <= self.priority_eta <= 1.0, f"priority_eta must be in [0, 1], got {self.priority_eta}")
@@ -141,9 +138,15 @@ class R2D2:
         self.tx_pair = (rlax.TxPair(lambda x: rlax.signed_hyperbolic(x, cfg.rescaling_eps),
                                     lambda x: rlax.signed_parabolic(x, cfg.rescaling_eps))
                         if cfg.value_rescaling else rlax.IDENTITY_PAIR)
+        capacity_per_env = cfg.buffer_size // self.num_envs
+        if capacity_per_env <= cfg.sequence_length:
+            raise ValueError(
+                f"agent (r2d2): buffer_size // num_envs = {cfg.buffer_size} // {self.num_envs} = {capacity_per_env} "
+                f"steps per env row must exceed sequence_length ({cfg.sequence_length})"
+            )
         self.buffer = make_sequence_buffer(
             num_envs=self.num_envs,
-            capacity_per_env=cfg.buffer_capacity_per_env,
+            capacity_per_env=capacity_per_env,
             sequence_length=cfg.sequence_length,
             period=cfg.period,
             cross_episodes=cfg.cross_episodes,

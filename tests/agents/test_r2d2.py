@@ -16,9 +16,9 @@ E, STEPS, H = 4, 150, 16
 
 def small_config(**kw) -> Config:
     base = {"network": NetworkConfig(hidden_sizes=[16], head_hidden=[16], dueling=True), "lstm_size": H,
-                "sequence_length": 12, "burn_in": 4, "period": 4, "n_step": 3, "discount": 0.9, "batch_size": 8,
-                "target_update_period": 2, "buffer_capacity_per_env": 256, "learning_starts": 0, "cross_episodes": True,
-                "optim": OptimConfig(lr=1e-3, eps=1e-3)}
+            "sequence_length": 12, "burn_in": 4, "period": 4, "n_step": 3, "discount": 0.9, "batch_size": 8,
+            "target_update_period": 2, "buffer_size": 256 * E, "learning_starts": 0, "cross_episodes": True,
+            "optim": OptimConfig(lr=1e-3, eps=1e-3)}
     base.update(kw)
     return Config(**base)
 
@@ -116,8 +116,8 @@ def test_valid_td_mask_matches_numpy_loop(n):
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="burn_in"):
         small_config(burn_in=11)
-    with pytest.raises(ValueError, match="buffer_capacity_per_env"):
-        small_config(buffer_capacity_per_env=12)
+    with pytest.raises(ValueError, match="buffer_size // num_envs"):
+        R2D2(small_config(buffer_size=12 * E), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=2, num_envs=E)
     with pytest.raises(ValueError, match="period"):
         small_config(period=0)
 
@@ -222,7 +222,7 @@ def test_sequences_hold_one_env_and_the_actors_state_at_their_start(rollout):
     agent, state, bs, obs_log, carry_log, done_log = rollout
     assert done_log.sum() >= E  # episodes ended: resets happened inside the rows
     sample = agent.buffer.sample(bs, jax.random.PRNGKey(3), 64)
-    T, L = agent.cfg.buffer_capacity_per_env, agent.cfg.sequence_length
+    T, L = agent.buffer.capacity_per_env, agent.cfg.sequence_length
     env, start = np.asarray(sample.env_ids), np.asarray(sample.slots) % T  # T > STEPS: position = step
     mask = np.asarray(sample.mask)
     assert mask.all()  # complete_only: every sampled sequence is fully stored
