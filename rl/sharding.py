@@ -5,7 +5,8 @@ placement of its state changes ("computation follows data", jit + `NamedSharding
 
 * The mesh has two axes: `seed` (the vmapped seeds, `S`) and `data` (envs, buffer rows, batch).
   Both use `AxisType.Auto`: the compiler partitions the scatters of `buffer.add` into a sharded buffer
-  (with `Explicit` axes, the `jax.make_mesh` default, such scatters are rejected).
+  and the random gathers of sampling (with `Explicit` axes, the `jax.make_mesh` default, the same program
+  fails to trace with a `ShardingTypeError` on mixed operand shardings).
 * Runner state leaves are `[S, ...]`. The agent state (params, optimiser state) is replicated over `data`;
   env state, carries, episode statistics and the buffer state are sharded on their second axis (`E`
   envs, buffer rows or capacity) over `data` (`tree_shardings`).
@@ -18,8 +19,9 @@ placement of its state changes ("computation follows data", jit + `NamedSharding
 * Without a mesh (one device, the default) every function here is the identity: the runner's
   single-device program is untouched.
 
-Shapes: `S` seeds, `E` envs per seed, `B` batch per seed; `S % seed_devices == 0`, `E % data_devices ==
-0` and `B % data_devices == 0` (checked by `check_divisible` with a message naming the config key).
+Shapes: `S` seeds, `E` envs per seed, `B` batch per seed; `S % seed_devices == 0` and `E % data_devices
+== 0` (`check_divisible`, the message names the config key), `B % data_devices == 0` (`shard_batch`, at
+trace time).
 """
 
 from __future__ import annotations
