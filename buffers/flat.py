@@ -51,8 +51,8 @@ def randint_below(key: jax.Array, shape: tuple[int, ...], n: jax.Array) -> jax.A
     """Uniform int32 in `[0, n)` (`n` >= 1, int, may be traced and broadcast against `shape`).
 
     floor(n * X / 2**64) for a 64-bit uniform X drawn in one call of the key's generator: the bias is at
-    most n / 2**64. `jax.random.randint` makes the same 64-bit draw in two calls plus a key split, which
-    on CPU costs about twice as much; in a small add+sample step that is most of the time.
+    most n / 2**64. `jax.random.randint` draws as many bits in two calls plus a key split, which on CPU
+    costs about twice as much; in a small add+sample step that was most of the time.
     """
     bits = jax.random.bits(key, (2,) + tuple(shape), jnp.uint32)
     n = jnp.broadcast_to(jnp.asarray(n).astype(jnp.uint32), shape)
@@ -177,6 +177,7 @@ class FlatBuffer:
             )
         else:
             checks.check_index_array("update indices", indices)
+            indices = jnp.asarray(indices)
             valid = (indices >= 0) & (indices < state.size)
             slots = jnp.where(valid, indices, self.capacity).astype(jnp.int32)
             rows = jax.tree_util.tree_map(

@@ -6,6 +6,11 @@ stores p**alpha; writes touch O(batch * log capacity) tree entries and never cop
 
 Sampling an empty buffer (or one whose priorities are all 0) returns indices 0, probabilities 0 and storage
 row 0; `can_sample` is False then.
+
+In a jitted step that ends with `set_priorities`, take priorities from the sample (`probabilities`) rather
+than reading the old tree with `sumtree.get`: a read that the in-place update does not depend on makes
+XLA keep the old leaf level alive, i.e. copy it (capacity-sized) every step. `sample` itself reads the
+tree only on the path that produces the indices, so the learner step compiles without copies.
 """
 
 from __future__ import annotations
@@ -94,7 +99,8 @@ class PrioritisedBuffer(FlatBuffer):
         outside `[0, size)` are ignored. With a repeated slot one of its priorities is kept.
         """
         checks.check_index_array("set_priorities indices", indices)
-        checks.check_float_array("set_priorities priorities", priorities, shape=tuple(indices.shape))
+        checks.check_float_array("set_priorities priorities", priorities, shape=tuple(jnp.shape(indices)))
+        indices, priorities = jnp.asarray(indices), jnp.asarray(priorities)
         valid = (indices >= 0) & (indices < state.size)
         slots = jnp.where(valid, indices, -1)  # -1: ignored by sumtree.set
         p = jnp.where(valid & (priorities > 0), priorities, 0.0).astype(jnp.float32)
