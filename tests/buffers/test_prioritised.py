@@ -142,6 +142,15 @@ def test_duplicate_slots_keep_one_priority_and_a_consistent_tree():
     np.testing.assert_allclose(float(sumtree.total(state.tree)), leaves.sum(), rtol=1e-6)
 
 
+def test_update_changes_items_and_keeps_priorities():
+    state = SET_P(ADD_BATCH(BUF.init(PROTO), make_items(0, 3)), jnp.arange(3), jnp.array([1.0, 2.0, 3.0]))
+    new = jax.jit(lambda s: BUF.update(s, lambda it: {**it, "step": it["step"] + 10}, jnp.array([1, 5])))(
+        state
+    )
+    assert np.asarray(new.data["step"]).tolist() == [0, 11, 2, 0, 0, 0, 0]
+    jax.tree.map(np.testing.assert_array_equal, new.tree, state.tree)
+
+
 def test_empty_and_all_zero_buffers_cannot_sample():
     state = BUF.init(PROTO)
     sample = SAMPLE(state, jax.random.key(0), SAMPLE_B)
