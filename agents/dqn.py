@@ -43,7 +43,7 @@ class Config:
     target_update_period: int = 50  # gradient steps between target-network updates
     tau: float = 1.0  # 1: copy the online params; < 1: Polyak averaging at every period
     double_q: bool = True
-    loss: str = "huber"  # huber | mse
+    loss: str = "mse"  # mse | huber
     huber_delta: float = 1.0
     epsilon_start: float = 1.0
     epsilon_end: float = 0.05

@@ -73,12 +73,14 @@ class Anakin:
     buffer can sample. `steps_per_iter = num_envs * train_interval` env steps per seed.
     """
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, agent=None):
+        """`agent`: an object following rl/agent.py to use instead of building `cfg.agent` (tests)."""
         self.cfg = cfg
         self.num_seeds, self.num_envs = int(cfg.seeds), int(cfg.num_envs)
         self.source = make_source(cfg.env, self.num_envs)
-        self.agent = make_agent(cfg.agent, obs_shape=self.source.obs_shape, obs_dtype=self.source.obs_dtype,
-                                num_actions=self.source.num_actions, num_envs=self.num_envs)
+        self.agent = agent or make_agent(cfg.agent, obs_shape=self.source.obs_shape,
+                                         obs_dtype=self.source.obs_dtype, num_actions=self.source.num_actions,
+                                         num_envs=self.num_envs)
         self.steps_per_iter = self.num_envs * int(self.agent.train_interval)
         self.learn_iter = max(math.ceil(self.agent.learning_starts / self.steps_per_iter), 1)
         self.total_iters = math.ceil(int(cfg.total_steps) / self.steps_per_iter)

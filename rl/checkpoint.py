@@ -40,10 +40,10 @@ def _unflatten(leaves: dict[str, Any], target):
     flat, treedef = jax.tree_util.tree_flatten(target)
     out = []
     for i, t in enumerate(flat):
+        spec = jax.eval_shape(jax.random.key_data, t) if _is_key(t) else t
         x = leaves.get(f"leaf_{i:05d}")
-        if x is None:
-            x = jnp.zeros(t.shape, t.dtype if not _is_key(t) else jnp.uint32)
-        out.append(jax.random.wrap_key_data(x, impl=jax.random.key_impl(t)) if _is_key(t) else jnp.asarray(x))
+        x = jnp.zeros(spec.shape, spec.dtype) if x is None else jnp.asarray(x)
+        out.append(jax.random.wrap_key_data(x, impl=t.dtype._impl) if _is_key(t) else x)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

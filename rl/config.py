@@ -23,7 +23,8 @@ from omegaconf.errors import OmegaConfBaseException
 from rl.distributed import DistributedConfig, MeshConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
-ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.sebulba"}
+ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.sebulba"}  # module holding `EnvConfig`
+RUNNERS = {"gymnax": "rl.anakin", "envpool": "rl.sebulba"}  # module holding `train` and `restore_agent`
 # Keys that may differ between a run and its resumption (they do not change what is computed).
 RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "mesh",
                     "distributed")

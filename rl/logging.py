@@ -27,6 +27,12 @@ def _float(x) -> float | None:
     return None if math.isnan(x) else x
 
 
+def _columns(rows: list[dict]) -> list[str]:
+    """CSV columns: env_steps, seed, then the metric names in sorted order."""
+    names = set().union(*rows) - {"env_steps", "seed"}
+    return ["env_steps", "seed", *sorted(names)]
+
+
 class RunLogger:
     """Console progress, wandb, CSV/JSON metrics and the learning curve for one training run."""
 
@@ -103,7 +109,7 @@ class RunLogger:
 
     def _append_csv(self, rows: list[dict]) -> None:
         path = self.run_dir / "metrics.csv"
-        fields = list(rows[0])
+        fields = _columns(rows)
         if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):
             self._rewrite_csv()  # new metric names: rewrite with the union of the columns
             return
@@ -118,9 +124,7 @@ class RunLogger:
 
     def _rewrite_csv(self) -> None:
         path = self.run_dir / "metrics.csv"
-        fields: list[str] = []
-        for row in self.history:
-            fields += [k for k in row if k not in fields]
+        fields = _columns(self.history)
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, restval="")
             writer.writeheader()

@@ -7,6 +7,7 @@ checkpoint and the learning curve into hydra's run directory and prints where th
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
 
 import hydra
@@ -14,16 +15,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rl import distributed
-from rl.config import validate
+from rl.config import RUNNERS, validate
 from rl.sweep import objective
-
-RUNNERS = {"gymnax": "rl.anakin", "envpool": "rl.sebulba"}
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     """Validate `cfg`, then train with the runner of `cfg.env.source`, writing into `run_dir`."""
     distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
     validate(cfg)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
     from rl.logging import RunLogger
 
     runner = importlib.import_module(RUNNERS[cfg.env.source])

@@ -1,0 +1,32 @@
+"""Shared test set-up: wandb never touches the network, absl/orbax stay quiet, compiled programs are
+cached on disk, and a tiny DQN config for fast runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+# Compiled programs are cached on disk (keyed by program, flags and versions), so the many small runs of
+# the same config compile once; subprocesses started by tests inherit the setting through the env.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl-test-jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+logging.getLogger("absl").setLevel(logging.WARNING)
+
+import pytest  # noqa: E402
+
+from rl.config import compose  # noqa: E402
+
+# A DQN run on CartPole small enough to compile and run in seconds (episodes still end, updates happen).
+TINY_DQN = ["agent=dqn", "env=cartpole", "logger=none", "num_envs=4", "log_interval=200", "eval_episodes=2",
+            "agent.learning_starts=100", "agent.batch_size=16", "agent.buffer_size=400",
+            "agent.network.hidden_sizes=[16]", "agent.target_update_period=5", "agent.epsilon_decay_steps=300",
+            "agent.optim.lr=1e-3"]
+
+
+@pytest.fixture
+def tiny_cfg():
+    """`tiny_cfg(*overrides)` -> the composed TINY_DQN config with extra overrides."""
+    return lambda *overrides: compose([*TINY_DQN, *overrides])

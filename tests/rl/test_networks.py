@@ -1,0 +1,85 @@
+"""rl/networks.py: torso choice by observation rank, shapes with any leading dims, dueling head, errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl.config import ConfigError, to_dataclass
+from rl.networks import MLP, NetworkConfig, QHead, _ConvTorso, make_q_network, make_torso
+
+
+def _init_apply(net, obs):
+    params = net.init(jax.random.PRNGKey(0), obs)
+    return params, net.apply(params, obs)
+
+
+@pytest.mark.parametrize("shape, dtype, kind, convs", [
+    ((4,), jnp.float32, MLP, None),
+    ((10, 5), jnp.float32, MLP, None),  # bsuite Catch: flattened
+    ((10, 10, 4), jnp.float32, _ConvTorso, 1),  # MinAtar
+    ((84, 84, 4), jnp.uint8, _ConvTorso, 3),  # Atari, channels last
+    ((4, 84, 84), jnp.uint8, _ConvTorso, 3),  # envpool Atari, channels first
+])
+def test_torso_by_rank_and_leading_dims(shape, dtype, kind, convs):
+    torso = make_torso(shape, NetworkConfig(hidden_sizes=[32, 16], cnn_dense=64))
+    assert isinstance(torso, kind)
+    if convs is not None:
+        assert len(torso.convs) == convs
+    obs = jnp.zeros((2, 3) + shape, dtype)
+    _, feats = _init_apply(torso, obs)
+    assert feats.shape == (2, 3, 16 if kind is MLP else 64)
+
+
+def test_nature_cnn_layout_and_scaling():
+    """Channels-first input equals the transposed channels-last input; uint8 is scaled by 1/255."""
+    cfg = NetworkConfig(torso="nature_cnn", cnn_dense=8)
+    last = make_torso((84, 84, 4), cfg)
+    first = make_torso((4, 84, 84), cfg)
+    x = jax.random.randint(jax.random.PRNGKey(1), (2, 84, 84, 4), 0, 256).astype(jnp.uint8)
+    params, y_last = _init_apply(last, x)
+    y_first = first.apply(params, jnp.transpose(x, (0, 3, 1, 2)))
+    np.testing.assert_allclose(y_last, y_first, rtol=1e-5, atol=1e-5)
+    y_float = last.apply(params, x.astype(jnp.float32) / 255.0)
+    np.testing.assert_allclose(y_last, y_float, rtol=1e-5, atol=1e-5)
+    # The Nature stack: 84 -> 20 -> 9 -> 7 spatial, 64 channels into the dense layer.
+    assert params["params"]["Dense_0"]["kernel"].shape == (7 * 7 * 64, 8)
+
+
+def test_dueling_head_identifiable():
+    head = QHead(num_actions=5, hidden=(8,), dueling=True)
+    feats = jax.random.normal(jax.random.PRNGKey(0), (6, 3))
+    params, q = _init_apply(head, feats)
+    value = head.apply(params, feats, method=lambda m, x: m.__call__(x).mean(-1))
+    # Q = V + A - mean(A): the mean over actions of Q is V (the value stream).
+    p = params["params"]
+    h = jax.nn.relu(feats @ p["value_0"]["kernel"] + p["value_0"]["bias"])
+    v = (h @ p["value_out"]["kernel"] + p["value_out"]["bias"])[:, 0]
+    np.testing.assert_allclose(value, v, rtol=1e-5, atol=1e-6)
+    assert q.shape == (6, 5)
+
+
+def test_q_network_shapes():
+    net = make_q_network((6,), 3, NetworkConfig(hidden_sizes=[32], head_hidden=[16], dueling=True))
+    _, q = _init_apply(net, jnp.ones((7, 6)))
+    assert q.shape == (7, 3)
+
+
+@pytest.mark.parametrize("section, match", [
+    ({"torso": "resnet"}, "network.torso"),
+    ({"activation": "swish2"}, "network.activation"),
+    ({"hidden_sizes": [0]}, "positive"),
+    ({"hiden_sizes": [3]}, "hiden_sizes"),
+])
+def test_bad_network_config(section, match):
+    with pytest.raises(ConfigError, match=match):
+        to_dataclass(NetworkConfig, section, "agent.network")
+
+
+def test_cnn_needs_images():
+    with pytest.raises(ValueError, match="image observations"):
+        make_torso((4,), NetworkConfig(torso="small_cnn"))
+    with pytest.raises(ValueError, match="side >= 36"):
+        make_torso((10, 10, 4), NetworkConfig(torso="nature_cnn"))

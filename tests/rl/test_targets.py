@@ -1,0 +1,88 @@
+"""rl/targets.py, rl/schedules.py, rl/optim.py against plain NumPy references."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rl.config import ConfigError, to_dataclass
+from rl.optim import OptimConfig, make_optimizer
+from rl.schedules import linear
+from rl.targets import nstep_returns, q_target, td_loss
+
+
+def test_q_target_double_and_max():
+    rng = np.random.default_rng(0)
+    r, d = rng.normal(size=8).astype(np.float32), rng.uniform(size=8).astype(np.float32)
+    q_t, q_o = rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+    np.testing.assert_allclose(q_target(r, d, q_t), r + d * q_t.max(1), rtol=1e-6)
+    double = r + d * q_t[np.arange(8), q_o.argmax(1)]
+    np.testing.assert_allclose(q_target(r, d, q_t, q_o), double, rtol=1e-6)
+    g = jax.grad(lambda q: q_target(r, d, q, q_o).sum())(jnp.asarray(q_t))
+    assert not np.any(g)  # targets carry no gradient
+
+
+def test_td_loss():
+    td = np.array([-3.0, -0.5, 0.0, 0.2, 2.0], np.float32)
+    huber = np.where(np.abs(td) <= 1, 0.5 * td**2, np.abs(td) - 0.5)
+    np.testing.assert_allclose(td_loss(td, "huber"), huber, rtol=1e-6)
+    np.testing.assert_allclose(td_loss(td, "mse"), 0.5 * td**2, rtol=1e-6)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        td_loss(td, "l1")
+
+
+def test_nstep_returns_against_loop():
+    rng = np.random.default_rng(1)
+    T, B, n, lam = 7, 3, 3, 1.0
+    r = rng.normal(size=(T, B)).astype(np.float32)
+    disc = (0.9 * (rng.random((T, B)) > 0.2)).astype(np.float32)
+    v = rng.normal(size=(T, B)).astype(np.float32)
+    expected = np.zeros((T, B), np.float32)
+    for t in range(T):
+        for b in range(B):
+            g, scale = 0.0, 1.0
+            k = min(n, T - t)
+            for i in range(k):
+                g += scale * r[t + i, b]
+                scale *= disc[t + i, b]
+            expected[t, b] = g + scale * v[t + k - 1, b]
+    np.testing.assert_allclose(nstep_returns(r, disc, v, n, lam), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_schedule():
+    f = linear(1.0, 0.1, 10, begin=5)
+    got = [float(f(c)) for c in (0, 5, 10, 15, 100)]
+    np.testing.assert_allclose(got, [1.0, 1.0, 0.55, 0.1, 0.1], rtol=1e-6)
+    np.testing.assert_allclose([float(linear(1.0, 0.1, 0)(c)) for c in (0, 3)], [0.1, 0.1])
+
+
+def test_optimizer_from_config_matches_optax():
+    params = {"w": jnp.array([1.0, -2.0, 3.0])}
+    grads = {"w": jnp.array([30.0, 40.0, 0.0])}
+    cfg = to_dataclass(OptimConfig, {"name": "adam", "lr": 0.1, "max_grad_norm": 5.0}, "agent.optim")
+    opt = make_optimizer(cfg)
+    upd, _ = opt.update(grads, opt.init(params), params)
+    ref = optax.chain(optax.clip_by_global_norm(5.0), optax.adam(0.1))
+    ref_upd, _ = ref.update(grads, ref.init(params), params)
+    np.testing.assert_allclose(upd["w"], ref_upd["w"], rtol=1e-6)
+    sched = make_optimizer(to_dataclass(OptimConfig, {"lr": 1.0, "lr_schedule": "linear", "name": "sgd"}, "o"), 4)
+    state = sched.init(params)
+    steps = []
+    for _ in range(3):
+        u, state = sched.update({"w": jnp.ones(3)}, state, params)
+        steps.append(float(-u["w"][0]))
+    np.testing.assert_allclose(steps, [1.0, 0.75, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("section, match", [
+    ({"name": "adagrad"}, "optim.name"), ({"lr": 0.0}, "optim.lr"), ({"lr_schedule": "cosine"}, "lr_schedule"),
+    ({"lr": "fast"}, "lr"),
+])
+def test_bad_optim_config(section, match):
+    with pytest.raises(ConfigError, match=match):
+        to_dataclass(OptimConfig, section, "agent.optim")
+    with pytest.raises(ValueError, match="total number of updates"):
+        make_optimizer(OptimConfig(lr_schedule="linear"))
