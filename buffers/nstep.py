@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from buffers import checks
+from buffers import checks, sumtree
 from buffers.sequences import SequenceBuffer, SequenceState, make_sequence_buffer
 
 NSTEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
@@ -103,7 +103,7 @@ class NStepBuffer:
 
 
 def make_nstep_buffer(num_envs: int, capacity_per_env: int, n: int, gamma: float,
-                      priority_exponent: float | None = None, min_size: int = 1, fanout: int = 32,
+                      priority_exponent: float | None = None, min_size: int = 1, fanout: int = sumtree.DEFAULT_FANOUT,
                       debug: bool = False) -> NStepBuffer:
     """n-step transitions over per-env rows; `capacity_per_env > n`. See the module docstring."""
     if n < 1:

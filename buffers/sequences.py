@@ -11,11 +11,19 @@ A *start slot* is `(env, pos)`, flat index `slot = env * T + pos`; it stands for
 * Weight of a slot: `eligible * remaining ** length_power * priority ** alpha` (the priority factor only
   when `priority_exponent` is not None; new slots get the largest priority set so far, 1 at first).
 
-Weights live in a sum tree over `E*T` slots (plus one always-zero dummy leaf that absorbs masked-out
-writes). Adding one step changes the weight of at most the L slots whose window ends at it (the newest of
-which is the slot it overwrites), so `add` refreshes only those (only the period-aligned ones and the
-overwritten one when `period > 1`): O(N * L) plus O(N * ceil(L/period) * F * log_F(E*T)) per add, never
-capacity-sized work, no while loop. `sample` costs O(B * L * leaf size + B * F * log_F(E*T)).
+Two ways to hold the weights, chosen statically:
+
+* *Counted* (no priorities, `start="any"`, `cross_episodes`, not `complete_only`): a weight depends only
+  on the row's `written` count, so no per-slot state is kept. `add` is the row write alone; `sample` picks
+  an env by an inverse CDF over per-env totals, then either one of its full-length aligned starts
+  (uniformly) or one of its last `ceil(L/period)` (shorter) starts: O(B * (E + L/period)) plus the gather.
+* *Tree* (otherwise): weights live in a sum tree over `E*T` slots (plus one always-zero dummy leaf that
+  absorbs masked-out writes). Adding one step changes the weight of at most the L slots whose window ends
+  at it (the newest of which is the slot it overwrites), so `add` refreshes only those (only the
+  period-aligned ones and the overwritten one when `period > 1`): O(N * L) plus
+  O(N * ceil(L/period) * F * log_F(E*T)) per add. `sample` costs O(B * F * log_F(E*T)) plus the gather.
+
+Either way: no capacity-sized work per add or sample, no while loop; the gather is O(B * L * leaf size).
 
 Online queue (`online_window = W > 0`): per env the last `min(written - online_start, W)` steps are not yet
 consumed. `sample_online` draws starts inside the queue with the replay's eligibility and
@@ -48,12 +56,14 @@ from buffers.rows import RowState
 @struct.dataclass
 class SequenceState:
     rows: RowState  # data [E, T, ...], written [E], online_start [E]
+    # Tree mode only (shape [0] / None when the weights are counted, see the module docstring):
     done: jax.Array  # [E*T] bool: done_fn of the step stored at each slot
     remaining: jax.Array  # [E*T] int32: remaining(slot) of period-aligned slots (others stale), 0 if unwritten
-    base: jax.Array  # [E*T] float32 eligible * remaining**power (only with priorities, else shape [0])
-    priority: jax.Array  # [E*T] float32 priority**alpha (only with priorities, else shape [0])
+    tree: sumtree.SumTree | None  # E*T + 1 leaves: slot weights, then a dummy leaf that stays 0
+    # With priorities only (else shape [0]):
+    base: jax.Array  # [E*T] float32 eligible * remaining**power
+    priority: jax.Array  # [E*T] float32 priority**alpha
     max_priority: jax.Array  # float32 []: largest raw priority set so far (1 initially)
-    tree: sumtree.SumTree  # E*T + 1 leaves: slot weights, then a dummy leaf that stays 0
 
 
 @struct.dataclass
@@ -107,7 +117,7 @@ class SequenceBuffer:
     online_window: int = 0
     done_fn: Callable = _default_done
     min_size: int = 1
-    fanout: int = 32
+    fanout: int = sumtree.DEFAULT_FANOUT
     debug: bool = False
 
     # ---- static helpers -------------------------------------------------------------------------------
@@ -118,6 +128,12 @@ class SequenceBuffer:
     @property
     def prioritised(self) -> bool:
         return self.priority_exponent is not None
+
+    @property
+    def counted(self) -> bool:
+        """True when weights follow from `written` alone (no sum tree kept; see the module docstring)."""
+        return (not self.prioritised and self.start == "any" and self.cross_episodes
+                and not self.complete_only)
 
     def _prototype(self, state: SequenceState):
         return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.rows.data)
@@ -144,8 +160,34 @@ class SequenceBuffer:
             w = jnp.power(rem.astype(jnp.float32), jnp.float32(self.length_power))
         return jnp.where(ok, w, 0.0)
 
-    def _base_of(self, state: SequenceState, slots):
-        return state.base[slots] if self.prioritised else sumtree.get(state.tree, slots)
+    def _base_of(self, state: SequenceState, env, abs_start):
+        """eligible * remaining**power of starts `abs_start` in rows `env` (both of one shape), which must be
+        stored steps (or negative: weight 0)."""
+        if self.counted:
+            return self._counted_weight(state.rows.written[env], abs_start)
+        slots = env * self.capacity_per_env + abs_start % self.capacity_per_env
+        w = state.base[slots] if self.prioritised else sumtree.get(state.tree, slots)
+        return jnp.where(abs_start >= 0, w, 0.0)
+
+    def _counted_weight(self, written, abs_start):
+        """Counted mode: weight of starts `abs_start` given their rows' `written` (any common shape)."""
+        present = (abs_start >= jnp.maximum(written - self.capacity_per_env, 0)) & (abs_start < written)
+        rem = jnp.where(present, jnp.minimum(written - abs_start, self.sequence_length), 0)
+        return self._weight(rem, None, None, abs_start)
+
+    def _abs_of_slots(self, state: SequenceState, slots):
+        """Absolute step held at each slot (negative where the row never reached that position)."""
+        T = self.capacity_per_env
+        env, pos = slots // T, slots % T
+        newest = state.rows.written[env] - 1
+        return env, newest - (newest - pos) % T
+
+    def weights(self, state: SequenceState) -> jax.Array:
+        """Current sampling weight of every slot `[E*T]` (O(E*T): for inspection and tests, not the hot path)."""
+        if not self.counted:
+            return sumtree.get(state.tree, jnp.arange(self.num_slots))
+        env, a = self._abs_of_slots(state, jnp.arange(self.num_slots))
+        return self._base_of(state, env, a)
 
     # ---- API ------------------------------------------------------------------------------------------
     def init(self, prototype) -> SequenceState:
@@ -155,16 +197,16 @@ class SequenceBuffer:
             self._done_of(jax.tree_util.tree_map(lambda s: jnp.zeros((1,) + s.shape, s.dtype), proto))
         except (KeyError, AttributeError, TypeError, IndexError) as e:
             raise checks.BufferInputError(f"done_fn cannot read the done flag from the prototype: {e!r}") from e
-        n = self.num_slots
-        k = n if self.prioritised else 0
+        n = 0 if self.counted else self.num_slots
+        k = self.num_slots if self.prioritised else 0
         return SequenceState(
             rows=rows.init_rows(proto, self.num_envs, self.capacity_per_env),
             done=jnp.zeros((n,), bool),
             remaining=jnp.zeros((n,), jnp.int32),
+            tree=None if self.counted else sumtree.init(n + 1, self.fanout),
             base=jnp.zeros((k,), jnp.float32),
             priority=jnp.zeros((k,), jnp.float32),
             max_priority=jnp.ones((), jnp.float32),
-            tree=sumtree.init(n + 1, self.fanout),
         )
 
     def add(self, state: SequenceState, steps, env_ids, mask=None) -> SequenceState:
@@ -174,6 +216,8 @@ class SequenceBuffer:
             rows.check_env_ids(env_ids, mask, self.num_envs)
         done_new = self._done_of(steps)
         r, abs_new, row = rows.write(state.rows, steps, env_ids, mask)
+        if self.counted:
+            return state.replace(rows=r)
         T, L, n = self.capacity_per_env, self.sequence_length, self.num_slots
         valid_row = row < self.num_envs  # [N] written entries
         env = jnp.clip(env_ids, 0, self.num_envs - 1)
@@ -228,10 +272,48 @@ class SequenceBuffer:
 
     def sample_starts(self, state: SequenceState, key, batch_size: int) -> Starts:
         """Draw `batch_size` starts with probability weight / total weight (replay distribution)."""
+        if self.counted:
+            return self._sample_counted(state, key, batch_size)
         slots, probs = sumtree.sample(state.tree, key, batch_size)
         slots = jnp.minimum(slots, self.num_slots - 1)
         rem = jnp.where(sumtree.total(state.tree) > 0, state.remaining[slots], 0)
         return self._starts(slots, rem, probs)
+
+    def _counted_rows(self, written):
+        """Per env: first aligned stored start a0, count of full-length aligned starts, the last
+        ceil(L/period) aligned starts `tail [E, K]` with their weights (0 unless stored and shorter than L),
+        and each env's total weight."""
+        P, L, T = self.period, self.sequence_length, self.capacity_per_env
+        lo = jnp.maximum(written - T, 0)
+        a0 = -(-lo // P) * P
+        n = jnp.maximum(-(-(written - a0) // P), 0)
+        tail = ((written - 1) // P * P)[:, None] - P * jnp.arange(-(-L // P))[None, :]
+        in_tail = (tail >= a0[:, None]) & (written[:, None] - tail < L)
+        tail_w = jnp.where(in_tail, self._counted_weight(written[:, None], tail), 0.0)
+        n_full = n - jnp.sum(in_tail, axis=1)
+        full_w = float(L) ** self.length_power
+        totals = n_full.astype(jnp.float32) * full_w + jnp.sum(tail_w, axis=1)
+        return a0, n_full, tail, tail_w, full_w, totals
+
+    def _sample_counted(self, state: SequenceState, key, batch_size: int) -> Starts:
+        written = state.rows.written
+        a0, n_full, tail, tail_w, full_w, totals = self._counted_rows(written)
+        k_env, k_in = jax.random.split(key)
+        total = jnp.sum(totals)
+        env, _ = _pick(totals[None, :], jax.random.uniform(k_env, (batch_size,)) * total)
+        u = jax.random.uniform(k_in, (batch_size,)) * totals[env]
+        full_mass = n_full[env].astype(jnp.float32) * full_w
+        in_full = (u < full_mass) | (jnp.sum(tail_w[env], axis=1) <= 0)
+        k_full = jnp.clip(jnp.floor(u / full_w).astype(jnp.int32), 0, jnp.maximum(n_full[env] - 1, 0))
+        j, _ = _pick(tail_w[env], u - full_mass)
+        a = jnp.where(in_full, a0[env] + k_full * self.period, tail[env, j])
+        w = jnp.where(in_full, full_w, tail_w[env, j])
+        ok = total > 0
+        probs = jnp.where(ok, w / jnp.where(ok, total, 1.0), 0.0)
+        rem = jnp.where(ok, jnp.minimum(written[env] - a, self.sequence_length), 0)
+        a = jnp.where(ok, a, 0)
+        env = jnp.where(ok, env, 0)
+        return self._starts(env * self.capacity_per_env + a % self.capacity_per_env, rem, probs)
 
     def _starts(self, slots, rem, probs) -> Starts:
         T = self.capacity_per_env
@@ -275,7 +357,9 @@ class SequenceBuffer:
         return rows.stored_steps(state.rows, self.capacity_per_env)
 
     def can_sample(self, state: SequenceState) -> jax.Array:
-        return (sumtree.total(state.tree) > 0) & (self.size(state) >= self.min_size)
+        total = (jnp.sum(self._counted_rows(state.rows.written)[-1]) if self.counted
+                 else sumtree.total(state.tree))
+        return (total > 0) & (self.size(state) >= self.min_size)
 
     # ---- online queue -----------------------------------------------------------------------------------
     def _online_weights(self, state: SequenceState):
@@ -287,9 +371,9 @@ class SequenceBuffer:
         queued = jnp.minimum(written - state.rows.online_start, W)
         k = jnp.arange(W)
         a = written[:, None] - queued[:, None] + k[None, :]
-        slots = jnp.arange(self.num_envs)[:, None] * T + a % T
-        w = jnp.where(k[None, :] < queued[:, None], self._base_of(state, slots), 0.0)
-        return slots, w
+        env = jnp.broadcast_to(jnp.arange(self.num_envs)[:, None], a.shape)
+        w = jnp.where(k[None, :] < queued[:, None], self._base_of(state, env, a), 0.0)
+        return env * T + a % T, w
 
     def sample_online(self, state: SequenceState, key, batch_size: int) -> SequenceSample:
         """`batch_size` sequences starting inside the online queue, weighted like the replay minus priority.
@@ -305,7 +389,12 @@ class SequenceBuffer:
         ok = tot > 0
         chosen = jnp.where(ok, slots[env, k], 0)
         probs = jnp.where(ok, w[env, k] / jnp.where(ok, tot, 1.0), 0.0)
-        rem = jnp.where(ok, state.remaining[chosen], 0)
+        if self.counted:
+            cenv, ca = self._abs_of_slots(state, chosen)
+            rem = jnp.minimum(state.rows.written[cenv] - ca, self.sequence_length)
+        else:
+            rem = state.remaining[chosen]
+        rem = jnp.where(ok, rem, 0)
         return self._sequences(state, self._starts(chosen, rem, probs))
 
     def can_sample_online(self, state: SequenceState) -> jax.Array:
@@ -343,7 +432,7 @@ def make_sequence_buffer(
     online_window: int = 0,
     done_fn: Callable = _default_done,
     min_size: int = 1,
-    fanout: int = 32,
+    fanout: int = sumtree.DEFAULT_FANOUT,
     debug: bool = False,
 ) -> SequenceBuffer:
     """Sequence buffer over per-env rows (see the module docstring for every option's meaning).

@@ -15,7 +15,7 @@ from tests.buffers.test_sequences import SeqRef, check_sequences, jitted
 
 E, T, L, W = 3, 9, 3, 4
 CONFIGS = [
-    {"online_window": W},
+    {"online_window": W, "length_power": 1.0},  # counted weights (no sum tree)
     {"online_window": W, "cross_episodes": False, "length_power": 1.0, "priority_exponent": 0.8},
     {"online_window": W, "period": 2, "start": "episode"},
 ]

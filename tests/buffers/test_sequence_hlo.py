@@ -50,8 +50,10 @@ def has_while(hlo: str) -> bool:
     return re.search(r"\swhile\(", hlo) is not None
 
 
-def setup():
-    buf = make_sequence_buffer(E, T, 80, period=40, priority_exponent=0.9, length_power=0.0, online_window=100)
+def setup(prioritised: bool = True):
+    """R2D2-like (priorities, sum tree) or Muesli-like (uniform, counted weights) buffer and inputs."""
+    buf = make_sequence_buffer(E, T, 80, period=40, priority_exponent=0.9 if prioritised else None,
+                               online_window=100)
     state = buf.init({"obs": np.zeros(OBS, np.float32), "done": False})
     steps = {"obs": jnp.ones((E, OBS), jnp.float32), "done": jnp.zeros(E, bool)}
     # unsafe_rbg keys: on CPU threefry itself lowers to a fixed-trip while loop, which would hide ours.
@@ -63,14 +65,17 @@ def learner_step(buf):
     def step(state, key, steps, env_ids):
         state = buf.add(state, steps, env_ids)
         sample = buf.sample_mixed(state, key, 16, 0.25)
+        if not buf.prioritised:
+            return state, (sample.data, sample.mask)
         td = jnp.abs(sample.data["obs"][:, :, 0]).max(axis=1) + 0.1
         return buf.set_priorities(state, sample.slots, td), sample.mask.sum()
 
     return step
 
 
-def test_donated_step_has_no_while_and_no_capacity_copy():
-    buf, state, steps, key = setup()
+@pytest.mark.parametrize("prioritised", [True, False])
+def test_donated_step_has_no_while_and_no_capacity_copy(prioritised):
+    buf, state, steps, key = setup(prioritised)
     compiled = jax.jit(learner_step(buf), donate_argnums=0).lower(state, key, steps, jnp.arange(E)).compile()
     report = in_place_report(compiled, state)
     assert report == {"while": False, "copies": [], "temp_ok": True, "aliased_ok": True}, report
