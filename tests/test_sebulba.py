@@ -214,6 +214,15 @@ def test_dqn_pong_20k_steps(tmp_path):
     assert all(-21 <= r <= 21 for r in returns)
 
 
+# 0.5 updates per env step (8 per 16), 3-step double-Q targets, Polyak target (tau 0.005 per update).
+LEARN_CARTPOLE = ("num_envs=16", "env.batch_size=8", "total_steps=100000", "log_interval=5000", "eval_episodes=10",
+                  "checkpoint.enabled=false", "agent.buffer_size=100000", "agent.learning_starts=1000",
+                  "agent.epsilon_decay_steps=10000", "agent.epsilon_end=0.04", "agent.batch_size=128",
+                  "agent.updates_per_train=8", "agent.network.hidden_sizes=[256,256]", "agent.optim.lr=5e-4",
+                  "agent.optim.max_grad_norm=10", "agent.target_update_period=1", "agent.tau=0.005",
+                  "agent.n_step=3")
+
+
 @pytest.mark.slow
 def test_dqn_learns_cartpole_async(tmp_path):
     """DQN on envpool CartPole-v1, 16 envs, 8 per recv: greedy evaluation reaches a mean return >= 475."""
@@ -223,8 +232,3 @@ def test_dqn_learns_cartpole_async(tmp_path):
     mean = float(np.mean(res["eval_returns"][0]))
     print(f"CartPole async DQN: {res['env_steps']} env steps, {wall:.0f}s, greedy eval mean {mean:.1f}")
     assert mean >= 475
-
-
-LEARN_CARTPOLE = ("num_envs=16", "env.batch_size=8", "total_steps=150000", "log_interval=10000",
-                  "eval_episodes=10", "agent.learning_starts=5000", "agent.epsilon_decay_steps=50000",
-                  "agent.target_update_period=250", "agent.batch_size=128", "agent.optim.lr=5e-4")
