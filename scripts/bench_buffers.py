@@ -11,6 +11,9 @@ sequences of 80 with period 40 from 128 env rows (ours vs flashbax trajectory, p
 add + sample + set_priorities (new priorities drawn at random in the body) at 1M and 10M (ours vs flashbax
 prioritised on both of its sum-tree paths vs cumsum+searchsorted); the prioritised step vmapped over seeds.
 Each is timed as K steps inside one jitted fori_loop (carry donated) and as K donated jitted calls.
+Columns per way: median wall ms/step over the repeats (the issue's measure), the minimum, and the median
+process CPU ms/step; on a shared machine wall >> cpu means the run mostly waited for other jobs, and the
+targets are judged on all three. Impls whose states fit together in --interleave-gib are timed round-robin.
 
 Findings: the flashbax "cliff" (issue 3: 0.14 ms/step at 1M in one harness, 8 ms inside another jitted
 loop whose body also draws the new priorities, 0.2 ms as separate calls)
@@ -397,6 +400,7 @@ def measure(impls: list, body_fn, batch, n_fill: int, args, k: int, seeds: int =
             for w, t in timings[impl.name].items():
                 r[f"{w}_ms"] = t.per_step_s * 1e3
                 r[f"{w}_runs_ms"] = [x * 1e3 for x in t.runs_s]
+                r[f"{w}_cpu_ms"] = t.cpu_per_step_s * 1e3
                 r[f"{w}_warmup_s"] = t.warmup_s
             results[impl.name] = r
         del entries, timings
@@ -502,7 +506,7 @@ def run_case(case: Case, args) -> dict:
     for name, r in results.items():
         row = [name]
         for w in args.ways:
-            row += [r[f"{w}_ms"], min(r[f"{w}_runs_ms"])]
+            row += [r[f"{w}_ms"], min(r[f"{w}_runs_ms"]), r[f"{w}_cpu_ms"]]
         for w in args.ways:
             ratio = ours[f"{w}_ms"] / r[f"{w}_ms"] if ours and name != "ours" else None
             row.append(ratio)
@@ -510,7 +514,7 @@ def run_case(case: Case, args) -> dict:
                 ratios[f"ours/{name} {w}"] = ratio
         row.append(r["state_mib"])
         rows.append(row)
-    headers = ["impl"] + [h for w in args.ways for h in (f"{w} ms/step", f"{w} min")]
+    headers = ["impl"] + [h for w in args.ways for h in (f"{w} ms/step", f"{w} min", f"{w} cpu")]
     headers += [f"ours/impl {w}" for w in args.ways] + ["state MiB"]
     print(f"\n== {case.name}  (capacity {case.capacity:,}, K={k}, median of {args.repeats}) ==")
     print(format_table(headers, rows))
@@ -528,10 +532,11 @@ def run_case(case: Case, args) -> dict:
 
 
 def check_targets(records: list[dict], ways) -> list[tuple]:
-    """(target, ratio of medians, verdict, ratio of minima, verdict) for every target with data.
+    """(target, then ratio and verdict on medians, on minima, on median CPU time) for every target with data.
 
-    The medians are the measurement the issue asks for; the minima (best of the repeats) are shown beside
-    them because on a shared, loaded machine the best run is the least disturbed one.
+    The wall-time medians are the measurement the issue asks for; the minima (best of the repeats) and the
+    process CPU times are shown beside them because on a shared, loaded machine wall time mostly measures
+    the other jobs: the best run is the least disturbed one, and CPU time counts only this process's work.
     """
     by = {r["case"]: r for r in records}
     out = []
@@ -540,11 +545,11 @@ def check_targets(records: list[dict], ways) -> list[tuple]:
         r = by.get(case, {}).get("results", {}).get(impl)
         if not r:
             return None
-        return r[f"{way}_ms"] if stat == "median" else min(r[f"{way}_runs_ms"])
+        return {"median": r[f"{way}_ms"], "min": min(r[f"{way}_runs_ms"]), "cpu": r[f"{way}_cpu_ms"]}[stat]
 
     def add(label, num, den, ok):
         row = [label]
-        for stat in ("median", "min"):
+        for stat in ("median", "min", "cpu"):
             a, b = ms(*num, stat), ms(*den, stat)
             v = a / b if a and b else None
             row += ["-", "n/a"] if v is None else [f"{v:.2f}x", "PASS" if ok(v) else "MISS"]
@@ -610,15 +615,17 @@ def main(argv=None):
     args = parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; add {ADD} / sample {SAMPLE} per step "
           f"(sequences: {SEQ_ENVS} envs x 1 step, sample {SEQ_BATCH} x {SEQ_LEN}); "
-          f"ms/step = median (and min) over {args.repeats} runs of K={args.k} steps (K/5 at 10M); "
+          f"ms/step = median wall time (min; median process CPU time) over {args.repeats} runs of K={args.k} "
+          "steps (K/5 at 10M); "
           "ours/impl < 1 means ours is faster")
     records = [run_case(case, args) for case in build_cases(args)]
     targets = check_targets(records, args.ways)
     if targets:
         print("\n== targets (issue 3) ==")
-        print(format_table(["target", "median ratio", "verdict", "min ratio", "verdict (min)"], targets))
+        print(format_table(["target", "median", "verdict", "min", "verdict", "cpu", "verdict"], targets))
         print_json_line({"targets": {t[0]: {"median_ratio": t[1], "verdict": t[2], "min_ratio": t[3],
-                                            "verdict_min": t[4]} for t in targets}})
+                                            "verdict_min": t[4], "cpu_ratio": t[5], "verdict_cpu": t[6]}
+                                     for t in targets}})
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     return 0
 

@@ -11,7 +11,8 @@ any), so that load from other processes on a shared machine hits them alike.
 
 Each way warms up (compiles and runs) until the carry's signature (shapes, dtypes, weak types) stops
 changing, then reports the median over `repeats` of (wall time of K steps) / K, in seconds per step, with
-`jax.block_until_ready` around every measurement. A state whose signature changes after one step (e.g. a
+`jax.block_until_ready` around every measurement; each run's process CPU time (all threads) is kept too,
+since on a machine shared with other jobs it varies far less than wall time. A state whose signature changes after one step (e.g. a
 weak-typed scalar that the step returns strongly typed) makes jit retrace and recompile on the *second*
 call; a harness that warms up once then times that recompilation as if it were step time. Both functions
 return a `Timing`: seconds per step, the carry they end with (so a caller can chain them on one state:
@@ -53,7 +54,13 @@ class Timing:
     per_step_s: float  # median over repeats of (K steps wall time) / K
     carry: PyTree  # the carry after the last run
     warmup_s: list  # wall time of each warm-up run (compile included)
-    runs_s: list = dataclasses.field(default_factory=list)  # per-step seconds of every timed run
+    runs_s: list = dataclasses.field(default_factory=list)  # per-step wall seconds of every timed run
+    cpu_s: list = dataclasses.field(default_factory=list)  # per-step process CPU seconds of every timed run
+
+    @property
+    def cpu_per_step_s(self) -> float:
+        """Median process CPU seconds per step: less sensitive than wall time to other processes' load."""
+        return statistics.median(self.cpu_s) if self.cpu_s else float("nan")
 
 
 def loop_runner(body: Body, k: int) -> Callable[[PyTree], PyTree]:
@@ -87,20 +94,21 @@ def warm_up(run: Callable[[PyTree], PyTree], carry: PyTree, max_runs: int = 3) -
     return carry, warmup_s
 
 
-def timed_run(run: Callable[[PyTree], PyTree], carry: PyTree, k: int) -> tuple[float, PyTree]:
-    """Seconds per step of one `run` of K steps (blocked until ready), and the carry it returns."""
-    t0 = time.perf_counter()
+def timed_run(run: Callable[[PyTree], PyTree], carry: PyTree, k: int) -> tuple[float, PyTree, float]:
+    """(wall seconds per step, carry, process CPU seconds per step) of one `run` of K steps (blocked)."""
+    c0, t0 = time.process_time(), time.perf_counter()
     carry = jax.block_until_ready(run(carry))
-    return (time.perf_counter() - t0) / k, carry
+    return (time.perf_counter() - t0) / k, carry, (time.process_time() - c0) / k
 
 
 def _median_per_step(run, carry, k: int, repeats: int) -> Timing:
     carry, warmup_s = warm_up(run, carry)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        sec, carry = timed_run(run, carry, k)
+        sec, carry, c = timed_run(run, carry, k)
         times.append(sec)
-    return Timing(statistics.median(times), carry, warmup_s, times)
+        cpu.append(c)
+    return Timing(statistics.median(times), carry, warmup_s, times, cpu)
 
 
 def time_in_loop(body: Body, carry: PyTree, k: int, repeats: int = 5) -> Timing:
@@ -126,13 +134,15 @@ def time_interleaved(entries: dict, k: int, repeats: int) -> dict:
             carry, warm[name, way] = warm_up(run, carry)
         carries[name] = carry
     times = {(name, way): [] for name, (runs, _) in entries.items() for way in runs}
+    cpu = {key: [] for key in times}
     for _ in range(repeats):
         for name, (runs, _) in entries.items():
             for way, run in runs.items():
-                sec, carries[name] = timed_run(run, carries[name], k)
+                sec, carries[name], c = timed_run(run, carries[name], k)
                 times[name, way].append(sec)
+                cpu[name, way].append(c)
     return {name: {way: Timing(statistics.median(times[name, way]), carries[name], warm[name, way],
-                               times[name, way]) for way in runs}
+                               times[name, way], cpu[name, way]) for way in runs}
             for name, (runs, _) in entries.items()}
 
 
