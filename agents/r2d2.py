@@ -165,7 +165,8 @@ class R2D2:
     def init(self, key: jax.Array, obs_example: jax.Array) -> R2D2State:
         obs = jnp.zeros((1, 1) + self.obs_shape, self.obs_dtype)
         params = self.network.init(key, self.initial_carry(1), obs, jnp.zeros((1, 1), bool))
-        return R2D2State(params, params, self.optimizer.init(params), jnp.zeros((), jnp.int32))
+        target = jax.tree_util.tree_map(jnp.copy, params)  # distinct buffers: the state may be donated
+        return R2D2State(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
     def act(self, state: R2D2State, obs, carry, key, env_ids, explore: bool = True):
         """Epsilon-greedy over one LSTM step: obs `[E, ...]`, carry `[E, H]` -> actions `[E]`, next carry."""
