@@ -113,7 +113,8 @@ class DQN:
     # --- acting -------------------------------------------------------------------------------------
     def init(self, key: jax.Array, obs_example: jax.Array) -> DQNState:
         params = self.network.init(key, jnp.asarray(obs_example, self.obs_dtype)[None])
-        return DQNState(params=params, target_params=params, opt_state=self.optimizer.init(params),
+        target = jax.tree_util.tree_map(jnp.copy, params)  # distinct buffers: the state can be donated
+        return DQNState(params=params, target_params=target, opt_state=self.optimizer.init(params),
                         updates=jnp.zeros((), jnp.int32))
 
     def initial_carry(self, num_envs: int):

@@ -1,0 +1,108 @@
+"""Config composition for every config group, shared keys, overrides, and clear errors before any jit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from agents import available_agents, make_agent
+from rl.config import CONFIG_DIR, ConfigError, agent_config, compose, env_config, validate
+from rl.gymnax_source import make_source
+
+
+def _options(group: str) -> list[str]:
+    root = CONFIG_DIR / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+ENV_OPTIONS = _options("env")
+AGENT_OPTIONS = [o for o in _options("agent") if "/" not in o]  # nested dirs are agents' own sub-groups
+
+
+def test_every_group_is_covered():
+    groups = {p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"}
+    assert {"agent", "env", "logger", "distributed"} <= groups
+    assert "dqn" in AGENT_OPTIONS and "cartpole" in ENV_OPTIONS
+
+
+@pytest.mark.parametrize("agent", AGENT_OPTIONS)
+def test_agent_configs_compose_and_validate(agent):
+    cfg = compose([f"agent={agent}"])
+    assert cfg.agent.name in available_agents()
+    typed = agent_config(cfg.agent)
+    assert typed.name == cfg.agent.name
+
+
+@pytest.mark.parametrize("env", ENV_OPTIONS)
+def test_env_configs_compose_and_validate(env):
+    cfg = compose([f"env={env}"])
+    typed = env_config(cfg.env)
+    assert typed.source == cfg.env.source and typed.id == cfg.env.id
+    if cfg.env.source == "gymnax":
+        source = make_source(cfg.env, 2)
+        assert source.num_actions >= 2
+
+
+@pytest.mark.parametrize("group", ["logger", "distributed"])
+def test_other_groups_compose(group):
+    for option in _options(group):
+        cfg = compose([f"{group}={option}"])
+        validate(cfg)
+
+
+def test_shared_keys_and_defaults():
+    cfg = compose([])
+    for key in ("seed", "seeds", "total_steps", "num_envs", "logger.wandb.mode", "resume", "log_interval",
+                "eval_episodes", "checkpoint.interval"):
+        assert OmegaConf.select(cfg, key, throw_on_missing=True) is not None or key == "resume"
+    assert cfg.agent.name == "dqn" and cfg.env.id == "CartPole-v1" and cfg.logger.wandb.mode == "offline"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("env_id, actions, shape", [("Acrobot-v1", 3, (6,)), ("Breakout-MinAtar", 3, (10, 10, 4)),
+                                                    ("SpaceInvaders-MinAtar", 4, (10, 10, 6))])
+def test_any_gymnax_id_by_override(env_id, actions, shape):
+    cfg = compose(["env=cartpole", f"env.id={env_id}", "num_envs=2"])
+    validate(cfg)
+    source = make_source(cfg.env, cfg.num_envs)
+    assert source.num_actions == actions and source.obs_shape == shape
+    agent = make_agent(cfg.agent, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
+                       num_actions=source.num_actions, num_envs=cfg.num_envs)
+    assert agent.num_actions == actions
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["seeds=0"], "seeds"),
+    (["total_steps=-5"], "total_steps"),
+    (["logger.wandb.mode=sometimes"], "logger.wandb.mode"),
+    (["env.id=CartPole-v7"], "not a gymnax environment"),
+    (["env.source=mujoco"], "env.source"),
+    (["agent.name=ppo"], "agent.name"),
+    (["agent.loss=l1"], "agent.loss"),
+    (["agent.gamma=1.5"], "agent.gamma"),
+    (["agent.optim.name=adagrad"], "optim.name"),
+])
+def test_bad_values_get_our_error(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(compose(overrides))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["seeds=abc"], "seeds"),
+    (["agent.lrr=1e-3"], "lrr"),
+    (["num_env=3"], "num_env"),
+    (["agent=nope"], "nope"),
+    (["logger.wandb.mode=[1,2]"], "mode"),
+])
+def test_bad_keys_get_hydras_error(overrides, match):
+    with pytest.raises(ConfigCompositionException, match=match):
+        compose(overrides)
+
+
+def test_configs_ship_with_the_package():
+    assert Path(CONFIG_DIR / "config.yaml").is_file()
+    make_agent(compose([]).agent, obs_shape=(4,), obs_dtype=jnp.float32, num_actions=2, num_envs=10)
