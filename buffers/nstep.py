@@ -16,6 +16,7 @@ so the target is `reward + discount * Q(next_obs)`. Empty buffer: probabilities 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from buffers import checks, sumtree
+from buffers import checks, rows, sumtree
+from buffers.rows import RowState
 from buffers.sequences import SequenceBuffer, SequenceState, make_sequence_buffer
 
 NSTEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
@@ -83,23 +85,26 @@ class NStepBuffer:
     def sample(self, state: SequenceState, key, batch_size: int) -> NStepSample:
         """`batch_size` n-step transitions (uniform over stored steps, or by priority)."""
         st = self.sequences.sample_starts(state, key, batch_size)
-        T, n, data = self.sequences.capacity_per_env, self.n, state.rows.data
+        T, n = self.sequences.capacity_per_env, self.n
         k = st.remaining
         last = (st.positions + jnp.maximum(k, 1) - 1) % T
         window = (st.positions[:, None] + jnp.arange(n)[None, :]) % T
         valid = jnp.arange(n)[None, :] < k[:, None]
-        rewards = _field(data, "reward")[st.env_ids[:, None], window]
+        rewards = self._pick(state, "reward", st.env_ids, window)
         g = jnp.float32(self.gamma) ** jnp.arange(n, dtype=jnp.float32)
         reward = jnp.sum(jnp.where(valid, rewards.astype(jnp.float32) * g, 0.0), axis=1)
-        term = _field(data, "terminated")[st.env_ids, last].astype(jnp.float32)
+        term = self._pick(state, "terminated", st.env_ids, last).astype(jnp.float32)
         discount = jnp.where(k > 0, jnp.float32(self.gamma) ** k.astype(jnp.float32) * (1.0 - term), 0.0)
+        pick = functools.partial(self._pick, state)
+        return NStepSample(obs=pick("obs", st.env_ids, st.positions), action=pick("action", st.env_ids, st.positions),
+                           reward=reward, discount=discount, next_obs=pick("next_obs", st.env_ids, last),
+                           env_ids=st.env_ids, slots=st.slots, probabilities=st.probabilities)
 
-        def pick(name, pos):
-            return jax.tree_util.tree_map(lambda s: s[st.env_ids, pos], _field(data, name))
-
-        return NStepSample(obs=pick("obs", st.positions), action=pick("action", st.positions), reward=reward,
-                           discount=discount, next_obs=pick("next_obs", last), env_ids=st.env_ids,
-                           slots=st.slots, probabilities=st.probabilities)
+    @staticmethod
+    def _pick(state: SequenceState, name: str, env_ids, positions):
+        """Field `name` of the steps at `(env_ids, positions)` (flat-index gather, see rows.gather)."""
+        r = state.rows
+        return rows.gather(RowState(_field(r.data, name), r.written, r.online_start), env_ids, positions)
 
 
 def make_nstep_buffer(num_envs: int, capacity_per_env: int, n: int, gamma: float,

