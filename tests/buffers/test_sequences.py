@@ -142,7 +142,7 @@ def fns(i: int):
 
 def op_strategy():
     add = st.tuples(st.just("add"), st.permutations(range(E)), st.lists(st.booleans(), min_size=E, max_size=E))
-    other = st.tuples(st.sampled_from(["sample", "prio"]), st.integers(0, 2**16), st.none())
+    other = st.tuples(st.sampled_from(["sample", "prio", "prio"]), st.integers(0, 2**16), st.none())
     return st.lists(st.one_of(add, add, add, other), min_size=1, max_size=45)
 
 
@@ -187,18 +187,27 @@ def test_sequences_match_reference(cfg, ops, seed):
 
 def test_r2d2_periodic_starts_long_run():
     """R2D2 layout (L=8, period 4, T=30 not a multiple of the period): after many wraps every sample starts
-    on a multiple of the period, is contiguous and from one env; stale weights are cleared on overwrite."""
+    on a multiple of the period, is contiguous and from one env; stale weights are cleared on overwrite;
+    priorities set between adds (R2D2's learner) carry into the weights the adds refresh."""
     cfg = {"period": 4, "priority_exponent": 0.9}
     buf = make_sequence_buffer(4, 30, 8, **cfg)
     ref = SeqRef(cfg, 4, 30, 8)
     add, sample = jax.jit(buf.add), jax.jit(buf.sample, static_argnums=2)
+    set_prio = jax.jit(buf.set_priorities)
     state, rng = buf.init(PROTO), np.random.default_rng(1)
-    for _ in range(137):
+    for t in range(137):
         ids = rng.permutation(4).astype(np.int32)
         mask = np.arange(4) < rng.integers(1, 5)
         steps = make_steps(ref, ids, rng, done_p=0.05)
         state = add(state, steps, ids, mask)
         ref.add(steps, ids, mask)
+        if t % 7 == 6:
+            slots = np.unique(np.asarray(sample(state, jax.random.key(t), 8).slots))
+            slots = np.resize(slots, 8).astype(np.int32)  # fixed shape; repeats carry the same value below
+            p = rng.uniform(0.1, 5.0, size=8).astype(np.float32)
+            p = p[np.searchsorted(np.unique(slots), slots)]
+            state = set_prio(state, slots, p)
+            ref.set_priorities(slots, p)
     w = ref.weights()
     np.testing.assert_allclose(np.asarray(buf.weights(state)), w, rtol=1e-5)
     check_sequences(sample(state, jax.random.key(0), 256), ref, w)
