@@ -35,14 +35,22 @@ loop whose body also draws the new priorities, 0.2 ms as separate calls)
    fast only because XLA:CPU's small-while-loop hoisting compiles each depth loop into one kernel, which it
    refuses for loops that contain a scatter or touch more than `xla_cpu_small_while_loop_byte_threshold`
    (1 kB). vmap over seeds turns the scalar `.at[].add` into a real scatter: the hoisted loops drop from 7
-   to 1 and the step costs ~20x more (2 seeds: 13.6 ms/step in a loop, 8.5 ms as calls, ours 1.3 / 1.2 in
-   that run; see the prioritised-seeds case); with the hoisting disabled (threshold 0) it is 1.6 ms/step
-   unvmapped. Our sum tree has no while loop (the only loops in our compiled step are jax's threefry RNG,
+   to 1 and the step costs ~10-20x more (2 seeds at 1M: 4-14 ms/step in a loop, 4-8 ms as calls, against
+   ours 0.5-1.3 ms in the same runs; see the prioritised-seeds case); with the hoisting disabled (threshold
+   0) it is 1.6 ms/step unvmapped. Our sum tree has no while loop (the only loops in our compiled step are jax's threefry RNG,
    which jax lowers with rolled loops on CPU), so it has no such dependency.
 3. flashbax's other path, `set_batch_bincount` (its GPU/TPU choice), costs O(capacity) per update (a
    bincount over all leaves): ~2.4 ms at 1M, ~50 ms at 10M. Also, new items get `full_like(int indices,
    max_recorded_priority)`: the max priority is truncated to an integer (after p**alpha = 2.63 new items
    get 2.0).
+
+4. Ours is sensitive to machine load in a way flashbax's scan path is not: XLA:CPU splits every op whose
+   *output* is large across threads, and an in-place scatter's output is the whole storage, so each of our
+   storage / sum-tree leaf scatters (and the XNNPACK-run prefix-sum matmuls) becomes a 2-thread task
+   (25 partitioned ops in our 1M step vs 6 in flashbax's). On a quiet machine ours wins (10M: 0.21 vs 0.27
+   ms/step in a loop); on a loaded one each such op waits for a second thread (10M: 2.1 ms wall for 0.55 ms
+   of CPU). Writing the contiguous add block with `lax.dynamic_update_slice` (split in two at the wrap)
+   instead of a scatter removes the partitioning of those writes.
 
 dejax 0.1.3's sample calls the removed `jnp.alltrue`: plain dejax is reported as FAILED with the error;
 a separately labelled "dejax (patched alltrue)" run aliases `jnp.alltrue = jnp.all` only while tracing
