@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def available_agents() -> list[str]:

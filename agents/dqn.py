@@ -11,7 +11,8 @@ the learner in Sebulba.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from flax import struct
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
 from rl import sharding
-from rl.config import to_dataclass
+from rl.config import agent_config
 from rl.networks import NetworkConfig, make_q_network
 from rl.optim import OptimConfig, make_optimizer
 from rl.schedules import linear
@@ -191,4 +192,5 @@ class DQN:
 def make_agent(agent_cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
                num_envs: int) -> DQN:
     """Build DQN from its config section (DictConfig, dict or `Config`)."""
-    return DQN(to_dataclass(Config, agent_cfg, "agent"), obs_shape, obs_dtype, num_actions, num_envs)
+    cfg = agent_cfg if isinstance(agent_cfg, Config) else agent_config(agent_cfg)
+    return DQN(cfg, obs_shape, obs_dtype, num_actions, num_envs)

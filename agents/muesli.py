@@ -364,7 +364,7 @@ class MuesliAgent:
 
 def make_agent(agent_cfg, *, obs_shape, obs_dtype, num_actions, num_envs) -> MuesliAgent:
     """Build Muesli from the `agent` config section (dict, DictConfig or `Config`)."""
-    from rl.config import to_dataclass
+    from rl.config import agent_config
 
-    cfg = to_dataclass(Config, agent_cfg, "agent")
+    cfg = agent_cfg if isinstance(agent_cfg, Config) else agent_config(agent_cfg)
     return MuesliAgent(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions, num_envs=num_envs)

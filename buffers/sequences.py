@@ -18,8 +18,10 @@ Two ways to hold the weights, chosen statically:
   `add` is the row write alone; `sample` picks an env by an inverse CDF over per-env totals, then either
   one of its full-length aligned starts (uniformly) or one of its last `ceil(L/period)` (shorter) starts:
   O(B * (E + L/period)) plus the gather; episode ends cap the mask from the gathered done flags.
-* *Tree* (otherwise): weights live in a sum tree over `E*T` slots (plus one always-zero dummy leaf that
-  absorbs masked-out writes). Adding one step changes the weight of at most the L slots whose window ends
+* *Tree* (otherwise): weights live in a sum tree over the `E*T` slots (plus one always-zero dummy leaf
+  that absorbs masked-out writes); when the period divides T only every period-th slot can be eligible,
+  so the tree keeps one leaf per aligned slot (`stride`, a period-times smaller tree: choose T a multiple
+  of the period). Adding one step changes the weight of at most the L slots whose window ends
   at it (the newest of which is the slot it overwrites), so `add` refreshes only those (only the
   period-aligned ones and the overwritten one when `period > 1`): O(N * L) plus
   O(N * ceil(L/period) * F * log_F(E*T)) per add. `sample` costs O(B * F * log_F(E*T)) plus the gather.
@@ -59,11 +61,11 @@ class SequenceState:
     rows: RowState  # data [E, T, ...], written [E], online_start [E]
     # Tree mode only (shape [0] / None when the weights are counted, see the module docstring):
     done: jax.Array  # [E*T] bool: done_fn of the step stored at each slot
-    remaining: jax.Array  # [E*T] int32: remaining(slot) of period-aligned slots (others stale), 0 if unwritten
-    tree: sumtree.SumTree | None  # E*T + 1 leaves: slot weights, then a dummy leaf that stays 0
+    remaining: jax.Array  # [E*T/stride] int32: remaining of period-aligned slots (others stale), 0 if unwritten
+    tree: sumtree.SumTree | None  # E*T/stride + 1 leaves: slot weights, then a dummy leaf that stays 0
     # With priorities only (else shape [0]):
-    base: jax.Array  # [E*T] float32 eligible * remaining**power
-    priority: jax.Array  # [E*T] float32 priority**alpha
+    base: jax.Array  # [E*T/stride] float32 eligible * remaining**power
+    priority: jax.Array  # [E*T/stride] float32 priority**alpha
     max_priority: jax.Array  # float32 []: largest raw priority set so far (1 initially)
 
 
@@ -127,6 +129,29 @@ class SequenceBuffer:
         return self.num_envs * self.capacity_per_env
 
     @property
+    def stride(self) -> int:
+        """Tree mode keeps one leaf per `stride` positions of a row: the period when it divides T (then only
+        every period-th position can hold an eligible start), else 1."""
+        return self.period if self.capacity_per_env % self.period == 0 else 1
+
+    @property
+    def num_leaves(self) -> int:
+        return self.num_slots // self.stride
+
+    def _leaf(self, slots):
+        """Tree leaf of each slot `env*T + pos` (only meaningful where `pos % stride == 0`)."""
+        if self.stride == 1:
+            return slots
+        T = self.capacity_per_env
+        return (slots // T) * (T // self.stride) + (slots % T) // self.stride
+
+    def _slot(self, leaves):
+        if self.stride == 1:
+            return leaves
+        per_row = self.capacity_per_env // self.stride
+        return (leaves // per_row) * self.capacity_per_env + (leaves % per_row) * self.stride
+
+    @property
     def prioritised(self) -> bool:
         return self.priority_exponent is not None
 
@@ -166,9 +191,9 @@ class SequenceBuffer:
         stored steps (or negative: weight 0)."""
         if self.counted:
             return self._counted_weight(state.rows.written[env], abs_start)
-        slots = env * self.capacity_per_env + abs_start % self.capacity_per_env
-        w = state.base[slots] if self.prioritised else sumtree.get(state.tree, slots)
-        return jnp.where(abs_start >= 0, w, 0.0)
+        leaves = self._leaf(env * self.capacity_per_env + abs_start % self.capacity_per_env)
+        w = state.base[leaves] if self.prioritised else sumtree.get(state.tree, leaves)
+        return jnp.where((abs_start >= 0) & (abs_start % self.stride == 0), w, 0.0)
 
     def _counted_weight(self, written, abs_start):
         """Counted mode: weight of starts `abs_start` given their rows' `written` (any common shape)."""
@@ -185,9 +210,11 @@ class SequenceBuffer:
 
     def weights(self, state: SequenceState) -> jax.Array:
         """Current sampling weight of every slot `[E*T]` (O(E*T): for inspection and tests, not the hot path)."""
+        slots = jnp.arange(self.num_slots)
         if not self.counted:
-            return sumtree.get(state.tree, jnp.arange(self.num_slots))
-        env, a = self._abs_of_slots(state, jnp.arange(self.num_slots))
+            w = sumtree.get(state.tree, self._leaf(slots))
+            return jnp.where(slots % self.stride == 0, w, 0.0)
+        env, a = self._abs_of_slots(state, slots)
         return self._base_of(state, env, a)
 
     # ---- API ------------------------------------------------------------------------------------------
@@ -198,11 +225,11 @@ class SequenceBuffer:
             self._done_of(jax.tree_util.tree_map(lambda s: jnp.zeros((1,) + s.shape, s.dtype), proto))
         except (KeyError, AttributeError, TypeError, IndexError) as e:
             raise checks.BufferInputError(f"done_fn cannot read the done flag from the prototype: {e!r}") from e
-        n = 0 if self.counted else self.num_slots
-        k = self.num_slots if self.prioritised else 0
+        n = 0 if self.counted else self.num_leaves
+        k = self.num_leaves if self.prioritised else 0
         return SequenceState(
             rows=rows.init_rows(proto, self.num_envs, self.capacity_per_env),
-            done=jnp.zeros((n,), bool),
+            done=jnp.zeros((0 if self.counted else self.num_slots,), bool),
             remaining=jnp.zeros((n,), jnp.int32),
             tree=None if self.counted else sumtree.init(n + 1, self.fanout),
             base=jnp.zeros((k,), jnp.float32),
@@ -219,10 +246,11 @@ class SequenceBuffer:
         r, abs_new, row = rows.write(state.rows, steps, env_ids, mask)
         if self.counted:
             return state.replace(rows=r)
-        T, L, n = self.capacity_per_env, self.sequence_length, self.num_slots
+        T, L, n = self.capacity_per_env, self.sequence_length, self.num_leaves
         valid_row = row < self.num_envs  # [N] written entries
         env = jnp.clip(env_ids, 0, self.num_envs - 1)
-        done = state.done.at[jnp.where(valid_row, env * T + abs_new % T, n)].set(done_new, mode="drop")
+        newest_slot = env * T + abs_new % T
+        done = state.done.at[jnp.where(valid_row, newest_slot, self.num_slots)].set(done_new, mode="drop")
 
         # Done flags of steps a-L .. a (window index 0 .. L) of each written row.
         wabs = abs_new[:, None] + jnp.arange(-L, 1)[None, :]  # [N, L+1]
@@ -234,14 +262,16 @@ class SequenceBuffer:
             first_done = jax.lax.cummin(jnp.where(wdone[:, 1:], k, L - 1), axis=1, reverse=True)  # [N, L]
             rem = jnp.minimum(rem, first_done - k + 1)
         rem = jnp.broadcast_to(rem, (abs_new.shape[0], L))
-        # Slots to refresh: every one, or the period-aligned ones plus the newest (it overwrites a slot).
+        # Slots to refresh: every one, or the period-aligned ones, plus the newest when the slot it
+        # overwrites may have been aligned while it is not (stride 1: T not a multiple of the period).
         if self.period == 1:
             j = jnp.broadcast_to(k, rem.shape)
         else:
             n_aligned = -(-L // self.period)
             j0 = (-(abs_new - L + 1)) % self.period  # first aligned window offset
             j = j0[:, None] + self.period * jnp.arange(n_aligned)[None, :]
-            j = jnp.concatenate([j, jnp.full((j.shape[0], 1), L - 1)], axis=1)
+            if self.stride == 1:
+                j = jnp.concatenate([j, jnp.full((j.shape[0], 1), L - 1)], axis=1)
         in_window = j < L
         j = jnp.minimum(j, L - 1)
         s_abs = abs_new[:, None] - L + 1 + j
@@ -250,12 +280,12 @@ class SequenceBuffer:
         last_done = jnp.take_along_axis(wdone, j + jnp.maximum(s_rem, 1), axis=1)
         w = self._weight(s_rem, prev_done, last_done, s_abs)
         keep = in_window & valid_row[:, None] & (s_abs >= 0)
-        slots = jnp.where(keep, env[:, None] * T + s_abs % T, n).reshape(-1)  # n: dropped / dummy leaf
+        slots = jnp.where(keep, self._leaf(env[:, None] * T + s_abs % T), n).reshape(-1)  # n: dropped / dummy
         remaining = state.remaining.at[slots].set(s_rem.reshape(-1), mode="drop")
         w = jnp.where(keep, w, 0.0).reshape(-1)
         base, priority = state.base, state.priority
         if self.prioritised:
-            newest = jnp.where(valid_row, env * T + abs_new % T, n)
+            newest = jnp.where(valid_row & (abs_new % self.stride == 0), self._leaf(newest_slot), n)
             new_p = jnp.power(state.max_priority, jnp.float32(self.priority_exponent))
             priority = priority.at[newest].set(new_p, mode="drop")
             base = base.at[slots].set(w, mode="drop")
@@ -275,10 +305,10 @@ class SequenceBuffer:
         """Draw `batch_size` starts with probability weight / total weight (replay distribution)."""
         if self.counted:
             return self._sample_counted(state, key, batch_size)
-        slots, probs = sumtree.sample(state.tree, key, batch_size)
-        slots = jnp.minimum(slots, self.num_slots - 1)
-        rem = jnp.where(sumtree.total(state.tree) > 0, state.remaining[slots], 0)
-        return self._starts(slots, rem, probs)
+        leaves, probs = sumtree.sample(state.tree, key, batch_size)
+        leaves = jnp.minimum(leaves, self.num_leaves - 1)
+        rem = jnp.where(sumtree.total(state.tree) > 0, state.remaining[leaves], 0)
+        return self._starts(self._slot(leaves), rem, probs)
 
     def _counted_rows(self, written):
         """Per env: first aligned stored start a0, count of full-length aligned starts, the last
@@ -348,10 +378,19 @@ class SequenceBuffer:
         """`batch_size` sequences from the replay distribution (see the module docstring)."""
         return self._sequences(state, self.sample_starts(state, key, batch_size))
 
+    def priorities(self, state: SequenceState, slots) -> jax.Array:
+        """Stored priority**alpha of `slots [B]` (slots as a sample returns them)."""
+        if not self.prioritised:
+            raise checks.BufferInputError("priorities needs a buffer made with priority_exponent")
+        slots = jnp.asarray(slots, jnp.int32)
+        on_grid = slots % self.capacity_per_env % self.stride == 0
+        return jnp.where(on_grid, state.priority[self._leaf(slots)], 0.0)
+
     def set_priorities(self, state: SequenceState, slots, priorities) -> SequenceState:
         """Set raw priorities (>= 0) of `slots [B]`; stores priority**alpha and tracks the max priority.
 
-        A slot overwritten since it was sampled gets the priority meant for its old content.
+        `slots` are those a sample returned. A slot overwritten since it was sampled gets the priority meant
+        for its old content; a slot off the period grid (never a start) is ignored when the tree is strided.
         """
         if not self.prioritised:
             raise checks.BufferInputError("set_priorities needs a buffer made with priority_exponent")
@@ -361,10 +400,12 @@ class SequenceBuffer:
             raise checks.BufferInputError(
                 f"priorities: expected shape {tuple(slots.shape)} (like slots), received {priorities.shape}")
         slots = jnp.asarray(slots, jnp.int32)
+        on_grid = slots % self.capacity_per_env % self.stride == 0
+        leaves = jnp.where(on_grid, self._leaf(slots), self.num_leaves)  # off the grid: the dummy leaf
         powered = jnp.power(priorities, jnp.float32(self.priority_exponent))
-        priority = state.priority.at[slots].set(powered)
-        # Read back so duplicated slots write the same (winning) value to the tree.
-        tree = sumtree.set(state.tree, slots, state.base[slots] * priority[slots])
+        priority = state.priority.at[leaves].set(powered, mode="drop")
+        # Read back so duplicated slots write the same (winning) value to the tree; the dummy leaf stays 0.
+        tree = sumtree.set(state.tree, leaves, jnp.where(on_grid, state.base[leaves] * priority[leaves], 0.0))
         max_p = jnp.maximum(state.max_priority, jnp.max(priorities))
         return state.replace(priority=priority, tree=tree, max_priority=max_p)
 
@@ -410,7 +451,7 @@ class SequenceBuffer:
             rem = jnp.minimum(state.rows.written[cenv] - ca, self.sequence_length)
             rem = self._episode_cap(state, cenv, chosen % self.capacity_per_env, rem)
         else:
-            rem = state.remaining[chosen]
+            rem = state.remaining[self._leaf(chosen)]
         rem = jnp.where(ok, rem, 0)
         return self._sequences(state, self._starts(chosen, rem, probs))
 

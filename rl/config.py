@@ -96,12 +96,22 @@ def _section_name(section: Any, key: str) -> Any:
 
 
 def agent_config(section: Any):
-    """The agent section as its module's `Config` dataclass (`agents.<name>.Config`)."""
+    """The agent section as its module's `Config` dataclass (`agents.<name>.Config`).
+
+    `lr`, the learning-rate key every agent's yaml shares (so `agent.lr=...` sweeps any agent), is the
+    default of `optim.lr` (the yaml interpolates it; a dict without `optim.lr` gets it here).
+    """
     from agents import available_agents
 
     name = _section_name(section, "name")
     if name not in available_agents():
         raise ConfigError(f"agent.name={name!r} is not an agent; available: {available_agents()}")
+    if isinstance(section, DictConfig):
+        section = OmegaConf.to_container(section, resolve=True)
+    if isinstance(section, dict) and "lr" in section:
+        section = dict(section)
+        lr, optim = section.pop("lr"), dict(section.get("optim") or {})
+        section["optim"] = {"lr": lr, **optim}
     return to_dataclass(importlib.import_module(f"agents.{name}").Config, section, "agent")
 
 

@@ -225,7 +225,7 @@ def init_tracker(num_envs: int, obs_example, carry: PyTree, extras_example: PyTr
     obs_example = jnp.asarray(obs_example)
     zeros = lambda x: jnp.zeros((num_envs,) + tuple(jnp.shape(x)), jnp.result_type(x))
     return Tracker(obs=zeros(obs_example), action=jnp.zeros((num_envs,), jnp.int32), carry=carry,
-                   carry_before=carry, extras=jax.tree_util.tree_map(zeros, extras_example),
+                   carry_before=jax.tree_util.tree_map(jnp.copy, carry), extras=jax.tree_util.tree_map(zeros, extras_example),
                    new_episode=jnp.ones((num_envs,), bool), episode_score=jnp.zeros((num_envs,), jnp.float32),
                    episode_length=jnp.zeros((num_envs,), jnp.int32))
 

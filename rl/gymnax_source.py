@@ -109,7 +109,7 @@ class EpisodeStats:
     episode_length: jax.Array
 
     @classmethod
-    def zeros(cls, num_envs: int) -> "EpisodeStats":
+    def zeros(cls, num_envs: int) -> EpisodeStats:
         return cls(jnp.zeros(num_envs, jnp.float32), jnp.zeros(num_envs, jnp.int32))
 
     def update(self, reward: jax.Array, done: jax.Array):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,13 @@ class RunLogger:
 
     def _start_wandb(self, wandb_id: str | None) -> None:
         wcfg = self.cfg.logger.wandb
-        if wcfg.mode == "disabled":
+        mode = os.environ.get("WANDB_MODE") or wcfg.mode  # the env var (e.g. disabled in CI) wins
+        if mode == "disabled":
             return
         import wandb
 
         self._wandb = wandb.init(
-            mode=wcfg.mode, project=wcfg.project, entity=wcfg.entity, group=wcfg.group, name=wcfg.name,
+            mode=mode, project=wcfg.project, entity=wcfg.entity, group=wcfg.group, name=wcfg.name,
             tags=list(wcfg.tags), dir=str(self.run_dir), id=wandb_id, resume="allow" if wandb_id else None,
             config=OmegaConf.to_container(self.cfg, resolve=True), settings=wandb.Settings(silent=True),
         )

@@ -15,7 +15,7 @@ dims); a Q head maps features `[..., F]` to action values `[..., A]`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp

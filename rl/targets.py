@@ -42,5 +42,5 @@ def nstep_returns(reward: jax.Array, discount: jax.Array, value: jax.Array, n: i
                   lambda_: float = 1.0) -> jax.Array:
     """n-step bootstrapped returns for time-major batches: `[T, B]` rewards, discounts and bootstrap
     values (value[t] is v(s_{t+1})) -> `[T, B]` targets (rlax.n_step_bootstrapped_returns per column)."""
-    fn = lambda r, d, v: rlax.n_step_bootstrapped_returns(r, d, v, n, lambda_)  # noqa: E731
+    fn = lambda r, d, v: rlax.n_step_bootstrapped_returns(r, d, v, n, lambda_)
     return jax.vmap(fn, in_axes=1, out_axes=1)(reward, discount, value)

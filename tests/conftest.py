@@ -15,9 +15,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 logging.getLogger("absl").setLevel(logging.WARNING)
 
-import pytest  # noqa: E402
+import pytest
 
-from rl.config import compose  # noqa: E402
+from rl.config import compose
 
 # A DQN run on CartPole small enough to compile and run in seconds (episodes still end, updates happen).
 TINY_DQN = ["agent=dqn", "env=cartpole", "logger=none", "num_envs=4", "log_interval=200", "eval_episodes=2",

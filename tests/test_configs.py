@@ -37,6 +37,20 @@ def test_agent_configs_compose_and_validate(agent):
     assert typed.name == cfg.agent.name
 
 
+@pytest.mark.parametrize("agent", AGENT_OPTIONS)
+def test_agent_lr_is_a_shared_key(agent):
+    """`agent.lr=...` (one sweep axis for every agent) sets the optimiser's lr; `agent.optim.lr` still wins."""
+    default = agent_config(compose([f"agent={agent}"]).agent).optim.lr
+    assert agent_config(compose([f"agent={agent}", "agent.lr=0.00123"]).agent).optim.lr == 0.00123 != default
+    both = compose([f"agent={agent}", "agent.lr=0.00123", "agent.optim.lr=0.5"])
+    assert agent_config(both.agent).optim.lr == 0.5
+    assert agent_config({"name": cfg_name(agent), "lr": 0.007}).optim.lr == 0.007  # plain dicts too
+
+
+def cfg_name(agent: str) -> str:
+    return compose([f"agent={agent}"]).agent.name
+
+
 @pytest.mark.parametrize("env", ENV_OPTIONS)
 def test_env_configs_compose_and_validate(env):
     cfg = compose([f"env={env}"])

@@ -236,13 +236,15 @@ def test_bad_config_is_rejected_with_the_key_named():
 
 def test_hydra_presets():
     with initialize(version_base="1.3", config_path="../../configs"):
-        paper = agent_config(compose("config", overrides=["agent=muesli", "env=breakout-minatar"]).agent)
+        paper = agent_config(compose("config", overrides=["agent=muesli", "env=envpool/pong"]).agent)
+        minatar = agent_config(compose("config", overrides=["agent=muesli", "env=breakout-minatar"]).agent)
         cartpole = agent_config(compose("config", overrides=["agent=muesli", "env=cartpole"]).agent)
         small = agent_config(compose("config", overrides=["agent=muesli_small", "env=breakout-minatar"]).agent)
     assert paper == Config()  # configs/agent/muesli.yaml == the dataclass defaults
     assert (paper.batch_size, paper.sequence_length, paper.num_atoms, paper.replay_fraction) == (96, 30, 601, 0.75)
     assert (paper.discount, paper.retrace_lambda, paper.target_update_rate, paper.optim.lr) == (0.995, 0.95, 0.1, 3e-4)
     assert cartpole == small and cartpole.network.torso == "mlp" and cartpole.batch_size < 96
+    assert minatar.batch_size == small.batch_size and minatar.network.hidden_sizes == [256, 128]
 
 
 # ---- learning (slow) ---------------------------------------------------------------------------------------
