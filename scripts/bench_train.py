@@ -243,13 +243,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         line = (f"[ours]     seeds={seeds:3d}  compile {r['compile_s']:6.1f}s  run {r['run_s']:7.2f}s  "
                 f"SPS {r['sps']:12,.0f}  buffer ops {100 * r['buffer_share']:5.1f}% "
                 f"(add {r['buffer_add_s']:.2f}s, sample {r['buffer_sample_s']:.2f}s)  "
-                f"last return {np.nanmean(r['return']):.1f}")
+                f"mean return over the run {np.nanmean(r['return']):.1f}")
         print(line, flush=True)
         if baseline:
             b = bench_baseline(seeds, args.steps)
             r["baseline"] = b
             print(f"[purejaxrl] seeds={seeds:3d}  compile {b['compile_s']:6.1f}s  run {b['run_s']:7.2f}s  "
-                  f"SPS {b['sps']:12,.0f}  last return {np.mean(b['return']):.1f}", flush=True)
+                  f"SPS {b['sps']:12,.0f}  last episode return {np.mean(b['return']):.1f}", flush=True)
             print(f"           ratio ours / purejaxrl-style: {r['sps'] / b['sps']:.2f}x", flush=True)
         results.append(r)
     return results
