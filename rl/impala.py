@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import flax.linen as nn
-import jax.numpy as jnp
 
-from rl.networks import ACTIVATIONS, _scale
+from rl.networks import ACTIVATIONS, image_batch
 
 
 class ResidualBlock(nn.Module):
@@ -38,11 +37,7 @@ class ImpalaCNN(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        x = _scale(obs)
-        lead = x.shape[:-3]
-        x = x.reshape((-1,) + x.shape[-3:])
-        if self.channels_first:
-            x = jnp.transpose(x, (0, 2, 3, 1))
+        x, lead = image_batch(obs, self.channels_first)
         for c in self.channels:
             x = nn.Conv(c, (3, 3))(x)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")

@@ -52,6 +52,16 @@ def _scale(x: jnp.ndarray) -> jnp.ndarray:
     return x.astype(jnp.float32)
 
 
+def image_batch(obs: jnp.ndarray, channels_first: bool) -> tuple[jnp.ndarray, tuple[int, ...]]:
+    """Images `[..., H, W, C]` (or `[..., C, H, W]`) as scaled float32 `[N, H, W, C]`, and the leading dims."""
+    x = _scale(obs)
+    lead = x.shape[:-3]
+    x = x.reshape((-1,) + x.shape[-3:])
+    if channels_first:
+        x = jnp.transpose(x, (0, 2, 3, 1))
+    return x, lead
+
+
 class MLP(nn.Module):
     """Dense layers with activation after each; observations of rank > 1 are flattened."""
 
@@ -79,11 +89,7 @@ class _ConvTorso(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        x = _scale(obs)
-        lead = x.shape[:-3]
-        x = x.reshape((-1,) + x.shape[-3:])
-        if self.channels_first:
-            x = jnp.transpose(x, (0, 2, 3, 1))
+        x, lead = image_batch(obs, self.channels_first)
         act = ACTIVATIONS[self.activation]
         for features, kernel, stride in self.convs:
             x = act(nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID")(x))
