@@ -37,6 +37,7 @@ from flax import struct
 
 from agents.muesli_networks import MuesliNetwork, MuesliNetworkConfig, make_network
 from buffers.sequences import make_sequence_buffer
+from rl import sharding
 from rl.categorical import CategoricalSupport
 from rl.optim import OptimConfig, make_optimizer
 from rl.retrace import RetraceTargets, retrace_coefficients, retrace_targets
@@ -230,8 +231,8 @@ class MuesliAgent:
     def train_step(self, state: MuesliState, buffer_state, key: jax.Array):
         """Sample online + replay sequences, consume the online queue, take one Adam step, move the target
         network and the advantage statistics."""
-        sample = self.buffer.sample_mixed(buffer_state, key, self.cfg.batch_size,
-                                          1.0 - self.cfg.replay_fraction)
+        sample = sharding.shard_batch(self.buffer.sample_mixed(buffer_state, key, self.cfg.batch_size,
+                                                               1.0 - self.cfg.replay_fraction))  # data-parallel
         buffer_state = self.buffer.consume_online(buffer_state)
         state, metrics = self.update(state, sample.data, sample.mask)
         n_on = self.online_batch

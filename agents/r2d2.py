@@ -31,6 +31,7 @@ from flax import struct
 
 from buffers.priorities import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
+from rl import sharding
 from rl.networks import NetworkConfig
 from rl.optim import OptimConfig, make_optimizer
 from rl.recurrent import LSTMCarry, make_recurrent_q_network, reset_flags, unroll_with_burn_in, zero_carry
@@ -242,7 +243,7 @@ class R2D2:
 
     def train_step(self, state: R2D2State, buffer_state, key):
         cfg = self.cfg
-        sample = self.buffer.sample(buffer_state, key, cfg.batch_size)
+        sample = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size))  # data-parallel
         weights = importance_weights(sample.probabilities, self.buffer.num_slots, cfg.importance_exponent)
         grad_fn = jax.value_and_grad(self.sequence_loss, has_aux=True)
         (loss, aux), grads = grad_fn(state.params, state.target_params, sample.data, sample.mask, weights)

@@ -99,6 +99,33 @@ def test_dqn_anakin_four_devices_match_one_device(tmp_path):
     assert r["seed2_data2"]["specs"]["agent"] == ["P('seed',)"]
 
 
+# The sequence agents, small: a global batch of 8 sequences splits over 4 data devices.
+SEQUENCE_AGENTS = {
+    "r2d2": ["agent=r2d2_small", "agent.sequence_length=8", "agent.burn_in=2", "agent.period=4",
+             "agent.batch_size=8", "agent.buffer_size=256", "agent.learning_starts=64", "agent.train_interval=4",
+             "agent.lstm_size=16", "agent.network.hidden_sizes=[16]", "agent.network.head_hidden=[16]"],
+    "muesli": ["agent=muesli_small", "agent.sequence_length=6", "agent.batch_size=8", "agent.replay_capacity=256",
+               "agent.learning_starts=64", "agent.train_interval=4", "agent.network.hidden_sizes=[16]",
+               "agent.network.state_dim=16", "agent.network.model_hidden=[16]", "agent.network.head_hidden=[16]"],
+}
+
+
+@pytest.mark.parametrize("agent", sorted(SEQUENCE_AGENTS))
+def test_sequence_agents_four_devices_match_one_device(tmp_path, agent):
+    """R2D2 and Muesli shard their sampled sequences over the data devices: a 4-device run (envs, buffer
+    rows and batch split 4 ways) ends with the 1-device run's params."""
+    common = ["env=cartpole", "logger=none", "num_envs=4", "total_steps=320", "log_interval=160",
+              "eval_episodes=0", *SEQUENCE_AGENTS[agent]]
+    jobs = {name: ([str(tmp_path / f"{name}.json"), str(tmp_path / name), *common], _env(n))
+            for name, n in (("one", 1), ("data4", 4))}
+    r = _run_all(jobs, tmp_path, script=TRAIN, out_arg=0)
+    assert r["data4"]["devices"] == 4 and "P(None, 'data')" in r["data4"]["specs"]["buffer"]
+    header, *rows = [line.split(",") for line in r["one"]["metrics_csv"].splitlines()]
+    assert any(row[header.index("train/loss")] for row in rows)  # updates happened
+    for a, b in zip(r["data4"]["params"], r["one"]["params"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
