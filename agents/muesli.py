@@ -100,8 +100,6 @@ class Config:
         check(self.cmpo_clip > 0, f"cmpo_clip must be > 0, got {self.cmpo_clip}")
         check(0.0 <= self.dynamics_grad_scale <= 1.0, f"dynamics_grad_scale must be in [0, 1], got "
                                                      f"{self.dynamics_grad_scale}")
-        check(self.optim.lr_schedule == "constant", "optim.lr_schedule must be 'constant' for Muesli (the agent "
-                                                    "does not know the run's total number of updates)")
 
 
 @struct.dataclass

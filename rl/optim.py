@@ -19,27 +19,29 @@ class OptimConfig:
     eps: float = 1e-8  # adam/adamw/rmsprop epsilon
     weight_decay: float = 0.0  # adamw only
     max_grad_norm: float = 0.0  # clip by global norm; 0 disables
-    lr_schedule: str = "constant"  # constant | linear (to lr * lr_end_fraction over the updates)
+    lr_schedule: str = "constant"  # constant | linear (to lr * lr_end_fraction over lr_decay_updates)
     lr_end_fraction: float = 0.0
+    lr_decay_updates: int = 0  # gradient steps of the linear decay (the lr then stays at its end value)
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {self.name!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"optim.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if self.lr_schedule == "linear" and self.lr_decay_updates <= 0:
+            raise ValueError("optim.lr_schedule=linear needs optim.lr_decay_updates > 0 (gradient steps of the "
+                             f"decay), got {self.lr_decay_updates}")
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if self.max_grad_norm < 0 or self.eps < 0 or self.weight_decay < 0:
             raise ValueError("optim.max_grad_norm, optim.eps and optim.weight_decay must be >= 0")
 
 
-def make_optimizer(cfg: OptimConfig, total_updates: int | None = None) -> optax.GradientTransformation:
-    """The optax transformation for `cfg`; a linear lr schedule needs `total_updates`."""
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """The optax transformation for `cfg` (the lr schedule counts gradient steps)."""
     lr: float | optax.Schedule = cfg.lr
     if cfg.lr_schedule == "linear":
-        if not total_updates:
-            raise ValueError("optim.lr_schedule='linear' needs the total number of updates")
-        lr = optax.linear_schedule(cfg.lr, cfg.lr * cfg.lr_end_fraction, total_updates)
+        lr = optax.linear_schedule(cfg.lr, cfg.lr * cfg.lr_end_fraction, cfg.lr_decay_updates)
     if cfg.name == "adam":
         opt = optax.adam(lr, eps=cfg.eps)
     elif cfg.name == "adamw":

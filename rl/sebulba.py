@@ -188,34 +188,39 @@ class Sebulba:
         return tracker, actions, Chunk(steps=steps, env_ids=recv.env_id, mask=tr.valid, episodes=episodes)
 
     def make_rollout(self):
-        """`rollout(tracker, acting, key) -> (tracker, Chunk)`: K recvs with sends, from the actor thread."""
+        """`rollout(tracker, acting, key, index) -> (tracker, Chunk)`: K recvs with sends, from the actor
+        thread; the chunk's per-recv keys are split from `fold_in(key, index)` inside jit."""
+
+        def chunk_keys(key, index):
+            return jax.random.split(jax.random.fold_in(key, index), self.k)
+
         if self.use_xla:
             handle, recv, send = self.source.xla()
 
-            def scan_fn(handle, tracker, acting, key):
+            def scan_fn(handle, tracker, acting, key, index):
                 def body(c, k):
                     handle, tracker = c
                     handle, r = recv(handle)
                     tracker, actions, row = self._act_step_fn(tracker, acting, r, k)
                     return (send(handle, actions, r.env_id), tracker), row
 
-                (handle, tracker), chunk = jax.lax.scan(body, (handle, tracker), jax.random.split(key, self.k))
+                (handle, tracker), chunk = jax.lax.scan(body, (handle, tracker), chunk_keys(key, index))
                 return handle, tracker, chunk
 
             scan_jit = jax.jit(scan_fn, donate_argnums=1)
             state = {"handle": handle}
 
-            def rollout(tracker, acting, key):
-                state["handle"], tracker, chunk = scan_jit(state["handle"], tracker, acting, key)
+            def rollout(tracker, acting, key, index):
+                state["handle"], tracker, chunk = scan_jit(state["handle"], tracker, acting, key, np.int32(index))
                 return tracker, chunk
 
             return rollout
 
-        source = self.source
+        source, keys_jit = self.source, jax.jit(chunk_keys)
 
-        def rollout(tracker, acting, key):
+        def rollout(tracker, acting, key, index):
             rows = []
-            for k in jax.random.split(key, self.k):
+            for k in keys_jit(key, np.int32(index)):
                 r = source.recv()
                 tracker, actions, row = self._act_step(tracker, acting, r, k)
                 source.send(np.asarray(actions), r.env_id)
@@ -298,8 +303,7 @@ class _Actor(threading.Thread):
             self.runner.source.reset()
             tracker = self.tracker
             while not self.stop.is_set():
-                key = jax.random.fold_in(self.key, self.chunks_made)
-                tracker, chunk = rollout(tracker, self.acting, key)
+                tracker, chunk = rollout(tracker, self.acting, self.key, self.chunks_made)
                 self.chunks_made += 1
                 while not self.stop.is_set():
                     try:

@@ -1,6 +1,6 @@
 """Sebulba runner: env_id writes vs a plain-Python reference (any recv order), the real async pipeline on
 CartPole (XLA handle and host loop), the replay-ratio schedule, config errors, DQN smoke runs on envpool
-CartPole (with resume) and Pong; slow: DQN learns CartPole async, DQN on Pong for 20k steps."""
+CartPole (with resume) and Pong; slow: DQN learns CartPole async (3 seeds), DQN on Pong for 20k steps."""
 
 import csv
 import time
@@ -214,21 +214,17 @@ def test_dqn_pong_20k_steps(tmp_path):
     assert all(-21 <= r <= 21 for r in returns)
 
 
-# 0.5 updates per env step (8 per 16), 3-step double-Q targets, Polyak target (tau 0.005 per update).
-LEARN_CARTPOLE = ("num_envs=16", "env.batch_size=8", "total_steps=100000", "log_interval=5000", "eval_episodes=10",
-                  "checkpoint.enabled=false", "agent.buffer_size=100000", "agent.learning_starts=1000",
-                  "agent.epsilon_decay_steps=10000", "agent.epsilon_end=0.04", "agent.batch_size=128",
-                  "agent.updates_per_train=8", "agent.network.hidden_sizes=[256,256]", "agent.optim.lr=5e-4",
-                  "agent.optim.max_grad_norm=10", "agent.target_update_period=1", "agent.tau=0.005",
-                  "agent.n_step=3")
-
-
 @pytest.mark.slow
 def test_dqn_learns_cartpole_async(tmp_path):
-    """DQN on envpool CartPole-v1, 16 envs, 8 per recv: greedy evaluation reaches a mean return >= 475."""
-    t0 = time.perf_counter()
-    res = run_train(tmp_path, *LEARN_CARTPOLE)
-    wall = time.perf_counter() - t0
-    mean = float(np.mean(res["eval_returns"][0]))
-    print(f"CartPole async DQN: {res['env_steps']} env steps, {wall:.0f}s, greedy eval mean {mean:.1f}")
-    assert mean >= 475
+    """`agent=dqn env=envpool/cartpole` (the DQN defaults), 16 envs, 8 per recv, 500k env steps, seeds 0-2:
+    the mean of the three greedy evaluations (20 episodes each) is >= 475 and no seed is below 400 (async
+    runs are not reproducible: the recv order depends on thread timing)."""
+    means = []
+    for seed in range(3):
+        t0 = time.perf_counter()
+        res = run_train(tmp_path / str(seed), "num_envs=16", "env.batch_size=8", "total_steps=500000",
+                        "log_interval=50000", "eval_episodes=20", "checkpoint.enabled=false", f"seed={seed}")
+        means.append(float(np.mean(res["eval_returns"][0])))
+        print(f"CartPole async DQN seed {seed}: {res['env_steps']} env steps, {time.perf_counter() - t0:.0f}s, "
+              f"greedy eval mean {means[-1]:.1f}")
+    assert np.mean(means) >= 475 and min(means) >= 400, means

@@ -261,6 +261,7 @@ def test_cartpole_reaches_475_within_500k_steps_on_3_seeds(tmp_path):
                    "checkpoint.enabled=false", "eval_episodes=0"])
     run(cfg, tmp_path)
     rows = summary(tmp_path, threshold=475.0)
+    print("per seed:", rows)
     assert len(rows) == 3
     assert all(r["first_step_at_threshold"] is not None for r in rows), rows
 
