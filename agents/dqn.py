@@ -109,7 +109,7 @@ class DQN:
         self.batch_size = cfg.batch_size
         env_steps_per_update = num_envs * cfg.train_interval / cfg.updates_per_train
         self._epsilon = linear(cfg.epsilon_start, cfg.epsilon_end,
-                               int(round(cfg.epsilon_decay_steps / env_steps_per_update)))
+                               round(cfg.epsilon_decay_steps / env_steps_per_update))
 
     # --- acting -------------------------------------------------------------------------------------
     def init(self, key: jax.Array, obs_example: jax.Array) -> DQNState:

@@ -61,7 +61,8 @@ class GymnaxSource:
     def __init__(self, env, params, num_envs: int):
         action_space = env.action_space(params)
         if not isinstance(action_space, spaces.Discrete):
-            raise ValueError(f"{env.name}: only discrete action spaces are supported, got {action_space}")
+            msg = f"{env.name}: only discrete action spaces are supported, got {action_space}"
+            raise ValueError(msg)  # noqa: TRY004 - a config value, reported like the other env config errors
         self.env, self.params, self.num_envs = env, params, int(num_envs)
         self.num_actions = int(action_space.n)
         obs, _ = env.reset(jax.random.PRNGKey(0), params)
