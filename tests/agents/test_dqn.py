@@ -13,10 +13,10 @@ from agents.dqn import DQNState
 from rl.config import ConfigError, compose, validate
 
 
-def _agent(num_envs=2, **over):
+def _agent(num_envs=2, num_actions=2, **over):
     cfg = {"name": "dqn", "batch_size": 8, "buffer_size": 64, "learning_starts": 0, "n_step": 2,
            "network": {"hidden_sizes": [8]}, "optim": {"lr": 1e-2}, **over}
-    return make_agent(cfg, obs_shape=(3,), obs_dtype=jnp.float32, num_actions=2, num_envs=num_envs)
+    return make_agent(cfg, obs_shape=(3,), obs_dtype=jnp.float32, num_actions=num_actions, num_envs=num_envs)
 
 
 def _filled(agent, steps=20, seed=0, num_envs=2):
@@ -103,14 +103,156 @@ def test_epsilon_greedy_and_decay():
     np.testing.assert_array_equal(np.asarray(evaluation), greedy)
 
 
-def test_prioritised_replay_sets_priorities():
-    agent = _agent(priority_exponent=0.6, importance_exponent=0.5)
+# --------------------------------------------------------------------- the loss against a NumPy re-derivation
+def _mlp_params(rng, obs_dim=3, hidden=8, actions=3, scale=1.0):
+    """Parameters of the 1-hidden-layer Q network (rl/networks.py, hidden_sizes=[hidden]) drawn at random."""
+    f = lambda *shape: jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+    return {"params": {"torso": {"Dense_0": {"kernel": f(obs_dim, hidden), "bias": f(hidden)}},
+                       "head": {"q_out": {"kernel": f(hidden, actions), "bias": f(actions)}}}}
+
+
+def _np_params(params):
+    p = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params["params"])
+    return p["torso"]["Dense_0"]["kernel"], p["torso"]["Dense_0"]["bias"], p["head"]["q_out"]["kernel"], \
+        p["head"]["q_out"]["bias"]
+
+
+def _np_q(params, x):
+    w1, b1, w2, b2 = _np_params(params)
+    return np.maximum(x @ w1 + b1, 0.0) @ w2 + b2
+
+
+def _np_loss_and_grad(params, target_params, batch, *, loss, double_q, beta, delta=1.0):
+    """DQN loss and its gradient w.r.t. the online params, derived by hand (no JAX).
+
+    target  = r + d * Q_target(s', a*),  a* = argmax Q_online(s') (double Q) or argmax Q_target(s')
+    loss    = mean_i w_i * l(target_i - Q(s_i, a_i)),  w_i = P_i^-beta / max_j P_j^-beta (1 without priorities)
+    The target is a constant: only Q(s_i, a_i) carries gradient; the weights are constants too.
+    """
+    obs, nxt = np.asarray(batch.obs, np.float64), np.asarray(batch.next_obs, np.float64)
+    a, r, d = np.asarray(batch.action), np.asarray(batch.reward, np.float64), np.asarray(batch.discount, np.float64)
+    B = len(a)
+    q_next_target = _np_q(target_params, nxt)
+    selector = _np_q(params, nxt) if double_q else q_next_target
+    best = selector.argmax(1)
+    target = r + d * q_next_target[np.arange(B), best]
+    w1, b1, w2, b2 = _np_params(params)
+    z = obs @ w1 + b1
+    h = np.maximum(z, 0.0)
+    q = h @ w2 + b2
+    td = target - q[np.arange(B), a]
+    if beta is None:
+        w = np.ones(B)
+    else:
+        raw = np.asarray(batch.probabilities, np.float64) ** -beta
+        w = raw / raw.max()
+    if loss == "mse":
+        elem, dl = 0.5 * td**2, td
+    else:
+        elem = np.where(np.abs(td) <= delta, 0.5 * td**2, delta * (np.abs(td) - 0.5 * delta))
+        dl = np.clip(td, -delta, delta)
+    value = np.mean(w * elem)
+    dq = np.zeros_like(q)
+    dq[np.arange(B), a] = -w * dl / B  # d loss / d Q(s_i, a_i)
+    dz = (dq @ w2.T) * (z > 0)
+    grads = {"params": {"torso": {"Dense_0": {"kernel": obs.T @ dz, "bias": dz.sum(0)}},
+                        "head": {"q_out": {"kernel": h.T @ dq, "bias": dq.sum(0)}}}}
+    return value, grads, td, best
+
+
+def _hand_batch(rng, B=12):
+    """Transitions with terminal (discount 0), truncated/n-step (discount gamma^k) and unequal probabilities."""
+    from buffers.nstep import NStepSample
+
+    discount = rng.choice([0.0, 0.99, 0.99**2], size=B)
+    discount[:2] = [0.0, 0.99**2]
+    return NStepSample(obs=jnp.asarray(rng.normal(size=(B, 3)), jnp.float32),
+                       action=jnp.asarray(rng.integers(0, 3, B), jnp.int32),
+                       reward=jnp.asarray(rng.normal(size=B) * 3, jnp.float32),
+                       discount=jnp.asarray(discount, jnp.float32),
+                       next_obs=jnp.asarray(rng.normal(size=(B, 3)), jnp.float32),
+                       env_ids=jnp.zeros(B, jnp.int32), slots=jnp.arange(B, dtype=jnp.int32),
+                       probabilities=jnp.asarray(rng.uniform(0.005, 0.1, B), jnp.float32))
+
+
+@pytest.mark.parametrize("loss", ["mse", "huber"])
+@pytest.mark.parametrize("double_q", [True, False])
+@pytest.mark.parametrize("prioritised", [True, False])
+def test_loss_and_gradient_match_numpy_reference(loss, double_q, prioritised):
+    """`DQN._loss` on a hand-made batch equals a NumPy re-derivation, in value and in gradient: n-step target
+    with terminal discounts, double-Q selection by the online net (whose argmax differs from the target
+    net's on the batch), importance weights P^-beta / max, and no gradient through the target."""
+    over = {"priority_exponent": 0.6, "importance_exponent": 0.5} if prioritised else {}
+    agent = _agent(loss=loss, double_q=double_q, num_actions=3, **over)
+    rng = np.random.default_rng(0)
+    params, target_params = _mlp_params(rng), _mlp_params(rng)
+    batch = _hand_batch(rng)
+    # The two nets disagree on the greedy next action often enough for the selection to matter.
+    disagree = _np_q(params, np.asarray(batch.next_obs)).argmax(1) != _np_q(target_params,
+                                                                           np.asarray(batch.next_obs)).argmax(1)
+    assert disagree[np.asarray(batch.discount) > 0].sum() >= 3
+
+    (value, (td, q_taken)), grads = jax.value_and_grad(agent._loss, has_aux=True)(params, target_params, batch)
+    ref_value, ref_grads, ref_td, _ = _np_loss_and_grad(params, target_params, batch, loss=loss, double_q=double_q,
+                                                         beta=0.5 if prioritised else None)
+    if loss == "huber":
+        assert (np.abs(ref_td) > 1).sum() >= 2 and (np.abs(ref_td) < 1).sum() >= 2  # both branches
+    np.testing.assert_allclose(np.asarray(td), ref_td, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(value), ref_value, rtol=1e-5)
+    jax.tree_util.tree_map(lambda g, r: np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4, atol=1e-6),
+                           grads, ref_grads)
+    # No gradient reaches the target network.
+    g_target = jax.grad(lambda tp: agent._loss(params, tp, batch)[0])(target_params)
+    assert not any(np.any(np.asarray(x)) for x in jax.tree_util.tree_leaves(g_target))
+
+
+def test_double_q_reference_differs_from_max_target():
+    """Guard for the test above: with these nets, double Q and plain max-target give different targets."""
+    rng = np.random.default_rng(0)
+    params, target_params = _mlp_params(rng), _mlp_params(rng)
+    batch = _hand_batch(rng)
+    _, _, td_double, _ = _np_loss_and_grad(params, target_params, batch, loss="mse", double_q=True, beta=None)
+    _, _, td_max, _ = _np_loss_and_grad(params, target_params, batch, loss="mse", double_q=False, beta=None)
+    assert np.abs(td_double - td_max).max() > 0.1
+
+
+def test_prioritised_train_step_sets_priorities_and_weights():
+    """A prioritised train step: new priorities are exactly (|td| + eps)^alpha for the sampled slots (td from
+    the NumPy reference), other slots keep theirs, and the next samples are drawn in proportion to them."""
+    alpha, beta, eps = 0.6, 0.5, 1e-6
+    agent = _agent(priority_exponent=alpha, importance_exponent=beta, priority_epsilon=eps, num_actions=3)
     state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    rng = np.random.default_rng(1)
+    state = state.replace(params=_mlp_params(rng), target_params=_mlp_params(rng))
     buf = _filled(agent)
-    _, buf2, metrics = jax.jit(agent.train_step)(state, buf, jax.random.PRNGKey(3))
-    assert np.isfinite(metrics["loss"])
-    changed = np.asarray(buf2.priority) != np.asarray(buf.priority)
-    assert 0 < changed.sum() <= 8
+    seq = agent.buffer.sequences
+    # Unequal priorities first, so that the importance weights of the sample are not all 1.
+    slots_all = jnp.asarray(np.unique(np.asarray(agent.buffer.sample(buf, jax.random.PRNGKey(11), 256).slots)))
+    buf = agent.buffer.set_priorities(buf, slots_all, jnp.asarray(rng.uniform(0.1, 5.0, len(slots_all)), jnp.float32))
+    key = jax.random.PRNGKey(3)
+    batch = agent.buffer.sample(buf, jax.random.split(key, 1)[0], agent.batch_size)  # what train_step samples
+    probs = np.asarray(batch.probabilities)
+    assert probs.max() > 1.5 * probs.min()  # the importance weights differ
+    ref_value, _, ref_td, _ = _np_loss_and_grad(state.params, state.target_params, batch, loss="mse", double_q=True,
+                                                beta=beta)
+    np.testing.assert_allclose(float(agent._loss(state.params, state.target_params, batch)[0]), ref_value, rtol=1e-5)
+
+    new_state, buf2, metrics = jax.jit(agent.train_step)(state, buf, key)
+    np.testing.assert_allclose(float(metrics["loss"]), np.mean(0.5 * ref_td**2), rtol=1e-5)
+    slots = np.asarray(batch.slots)
+    stored = np.asarray(seq.priorities(buf2, jnp.asarray(slots)))
+    np.testing.assert_allclose(stored, (np.abs(ref_td) + eps) ** alpha, rtol=1e-5)
+    others = np.setdiff1d(np.asarray(slots_all), slots)
+    np.testing.assert_array_equal(np.asarray(seq.priorities(buf2, jnp.asarray(others))),
+                                  np.asarray(seq.priorities(buf, jnp.asarray(others))))
+    # The next sample draws the updated slots in proportion to their new priority**alpha.
+    draw = agent.buffer.sample(buf2, jax.random.PRNGKey(5), 4096)
+    prob = dict(zip(np.asarray(draw.slots).tolist(), np.asarray(draw.probabilities).tolist()))
+    seen = [i for i, s in enumerate(slots) if s in prob]
+    assert len(seen) >= 2
+    i0 = seen[0]
+    for i in seen[1:]:
+        np.testing.assert_allclose(prob[slots[i]] / prob[slots[i0]], stored[i] / stored[i0], rtol=1e-4)
 
 
 def test_train_step_donates_buffer():
