@@ -43,9 +43,23 @@ def random_sequence(rng, T):
     term = rng.random(T) < 0.12
     trunc = (rng.random(T) < 0.08) & ~term
     valid = np.arange(T) < rng.integers(T // 2, T + 1)
-    c = retrace_coefficients(jnp.asarray(rng.normal(size=T) * 0.5 - 0.5), jnp.asarray(rng.normal(size=T) * 0.5 - 0.5),
-                             0.95)
-    return q, v, r, term, trunc, valid, np.asarray(c)
+    pi, mu = rng.uniform(0.05, 1.0, T), rng.uniform(0.05, 1.0, T)
+    c = 0.95 * np.minimum(1.0, pi / mu)  # written out here, not taken from the function under test
+    return q, v, r, term, trunc, valid, c
+
+
+@pytest.mark.parametrize("lambda_", [1.0, 0.95, 0.0])
+def test_retrace_coefficients_are_lambda_min_one_pi_over_mu(lambda_):
+    """c = lambda * min(1, pi(a|s) / mu(a|s)) in probability space, against the log-space implementation;
+    both sides of the truncation are exercised (pi < mu and pi > mu)."""
+    rng = np.random.default_rng(3)
+    pi, mu = rng.uniform(0.02, 1.0, 50), rng.uniform(0.02, 1.0, 50)
+    assert (pi < mu).sum() > 10 and (pi > mu).sum() > 10
+    got = np.asarray(retrace_coefficients(jnp.log(pi), jnp.log(mu), lambda_))
+    np.testing.assert_allclose(got, lambda_ * np.minimum(1.0, pi / mu), rtol=1e-5, atol=1e-7)
+    # Hand-checked values: pi = 0.2, mu = 0.8 -> 0.25 lambda; pi = 0.8, mu = 0.2 -> lambda (truncated at 1).
+    hand = retrace_coefficients(jnp.log(jnp.array([0.2, 0.8, 0.5])), jnp.log(jnp.array([0.8, 0.2, 0.5])), lambda_)
+    np.testing.assert_allclose(np.asarray(hand), lambda_ * np.array([0.25, 1.0, 1.0]), rtol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(6))
