@@ -107,7 +107,7 @@ def summarize(sweep_dir: str | Path, filename: str = "summary.csv") -> Path:
     """Write `<sweep_dir>/<filename>`: one row per job of the sweep (every dir below with a `job.json` or a
     `metrics.csv`): job number, status, one column per overridden key, env steps, seeds, final return
     (mean/std over seeds of the last logged episode return), greedy eval return (mean/std), the job's
-    returned objective, its run dir and error if it failed."""
+    returned objective, its run dir (absolute path) and error if it failed."""
     sweep_dir = Path(sweep_dir)
     dirs = {p.parent for p in sweep_dir.rglob("job.json")} | set(find_runs(sweep_dir))
     rows, keys = [], []
@@ -118,7 +118,7 @@ def summarize(sweep_dir: str | Path, filename: str = "summary.csv") -> Path:
         row = {"job": job.get("job", _job_number(run_dir) if run_dir.name.isdigit() else ""),
                "status": job.get("status", "UNKNOWN"), "objective": job.get("objective"),
                **final_returns(run_dir), **overrides,
-               "run_dir": os.path.relpath(run_dir, sweep_dir), "error": job.get("error") or ""}
+               "run_dir": str(run_dir.absolute()), "error": job.get("error") or ""}
         rows.append(row)
     columns = ["job", "status", *keys, *[c for c in SUMMARY_COLUMNS if c not in ("job", "status")], "run_dir",
                "error"]

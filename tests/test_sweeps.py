@@ -158,7 +158,10 @@ def test_summary_csv_of_final_returns(tmp_path):
     # last non-empty episode_return per seed: 30 (seed 0) and 20 (seed 1)
     assert float(ok["final_return"]) == 25.0 and float(ok["final_return_std"]) == 5.0
     assert float(ok["eval_return"]) == 4.0 and float(ok["eval_return_std"]) == 2.0
-    assert (ok["env_steps"], ok["seeds"], ok["objective"], ok["run_dir"]) == ("200", "2", "4.0", "0")
+    assert (ok["env_steps"], ok["seeds"], ok["objective"]) == ("200", "2", "4.0")
+    # run_dir is the run's path (not its job number), usable from anywhere
+    assert ok["run_dir"] == str((tmp_path / "0").absolute()) and Path(ok["run_dir"]).is_absolute()
+    assert failed["run_dir"] == str((tmp_path / "1").absolute())
     assert (failed["status"], failed["final_return"], failed["error"]) == ("FAILED", "", "ValueError: bad")
 
 
@@ -183,7 +186,8 @@ def test_tiny_multirun_writes_summary_csv(tiny_sweep):
     assert [r["agent.optim.lr"] for r in table] == ["0.001", "0.0003"]
     for job, row in enumerate(table):
         assert row["job"] == str(job) and row["status"] == "COMPLETED" and row["env_steps"] == "256"
-        summary = json.loads((out / row["run_dir"] / "summary.json").read_text())
+        assert Path(row["run_dir"]) == (out / str(job)).absolute()
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         np.testing.assert_allclose(float(row["eval_return"]), np.mean(summary["eval_returns"]), rtol=1e-6)
         assert float(row["objective"]) == pytest.approx(float(row["eval_return"]))
         assert np.isfinite(float(row["final_return"])) and float(row["final_return"]) > 0
