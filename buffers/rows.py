@@ -10,8 +10,10 @@ online queue begins); `buffers/sequences.py` samples from it.
 
 env_ids are traced values, so their range and distinctness cannot be checked at trace time: with
 `debug=True` the buffers add `checkify` checks, which raise when called eagerly and are reported by
-`jax.experimental.checkify.checkify(fn)` under jit. Without `debug`, out-of-range ids are dropped and
-duplicated ids write one of the duplicates (unspecified which) while the row advances once.
+`jax.experimental.checkify.checkify(fn)` under jit. Without `debug` the write rule is: an entry whose id
+is outside `[0, E)` (negative ones included) or whose mask is False writes nothing and advances no row;
+of unmasked entries sharing an id, the last one (highest index in the batch) is stored and its row
+advances once. `peek` and the samplers expect ids in `[0, E)` (not checked without `debug`).
 """
 
 from __future__ import annotations
@@ -79,13 +81,18 @@ def prepare_add(prototype, steps, env_ids, mask, what: str = "steps"):
 
 
 def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
-    """Write `steps [N, ...]` at each row's head; masked-out entries write nothing.
+    """Write `steps [N, ...]` at each row's head; masked-out entries and ids outside `[0, E)` write nothing,
+    and of entries sharing an id only the last one (highest index) writes, advancing the row once.
 
     Returns `(rows, abs_steps [N] int32, row_index [N] int32)`: the absolute step each entry was written
-    as, and its row (`E`, an out-of-range index that scatters drop, where masked out).
+    as, and its row (`E`, an out-of-range index that scatters drop, where it wrote nothing).
     """
     num_envs, cap = rows.written.shape[0], jax.tree_util.tree_leaves(rows.data)[0].shape[1]
-    row = jnp.where(mask, env_ids, num_envs)
+    n = env_ids.shape[0]
+    row = jnp.where(mask & (env_ids >= 0) & (env_ids < num_envs), env_ids, num_envs)
+    # Last entry per row: scatter-max of the entry index (row E collects every dropped entry).
+    last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))
+    row = jnp.where(last[row] == jnp.arange(n), row, num_envs)
     abs_steps = rows.written[jnp.clip(env_ids, 0, num_envs - 1)]
     pos = abs_steps % cap
     data = jax.tree_util.tree_map(lambda s, x: s.at[row, pos].set(x, mode="drop"), rows.data, steps)
@@ -128,7 +135,8 @@ class RowBuffer:
         return init_rows(checks.as_prototype(prototype), self.num_envs, self.capacity_per_env)
 
     def add(self, state: RowState, steps, env_ids, mask=None) -> RowState:
-        """Write `steps [N, ...]` to rows `env_ids [N]` (distinct), skipping entries where `mask [N]` is False."""
+        """Write `steps [N, ...]` to rows `env_ids [N]`, skipping entries where `mask [N]` is False (repeated
+        or out-of-range ids: see the module docstring)."""
         proto = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.data)
         steps, env_ids, mask = prepare_add(proto, steps, env_ids, mask)
         if self.debug:

@@ -38,8 +38,9 @@ where `mask` is False are whatever the row holds there (later/older data or zero
 Empty buffer (no eligible start): `slots` 0, `probabilities` 0, `mask` all False, and `can_sample` False.
 
 Requires `capacity_per_env > sequence_length` (a start's previous step must still be stored while its
-weight can change). env_ids must be distinct within one `add`; `debug=True` checks that and their range
-with `checkify` (see `buffers/rows.py`).
+weight can change). env_ids follow the write rule of `buffers/rows.py` (ids outside `[0, E)` write nothing,
+of a repeated id the last entry is stored and its row advances once); `debug=True` instead rejects them
+with `checkify`.
 """
 
 from __future__ import annotations
@@ -238,7 +239,8 @@ class SequenceBuffer:
         )
 
     def add(self, state: SequenceState, steps, env_ids, mask=None) -> SequenceState:
-        """Write `steps [N, ...]` to rows `env_ids [N]` (distinct) where `mask [N]` (default all True)."""
+        """Write `steps [N, ...]` to rows `env_ids [N]` where `mask [N]` (default all True); see `rows.py` for
+        repeated and out-of-range ids."""
         steps, env_ids, mask = rows.prepare_add(self._prototype(state), steps, env_ids, mask)
         if self.debug:
             rows.check_env_ids(env_ids, mask, self.num_envs)

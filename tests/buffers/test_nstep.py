@@ -22,7 +22,7 @@ PROTO = {"obs": np.zeros(2, np.float32), "action": np.int32(0), "reward": np.flo
 
 def make_steps(ref: RowsRef, env_ids, rng, p_term=0.15, p_trunc=0.15):
     n = len(env_ids)
-    counter = np.array([e * STRIDE + ref.written(int(e)) for e in env_ids], np.float32)
+    counter = np.array([e * STRIDE + ref.written(int(e)) if 0 <= e < ref.E else -1 for e in env_ids], np.float32)
     return {"obs": np.stack([counter, rng.normal(size=n)], 1).astype(np.float32),
             "action": rng.integers(0, 4, n).astype(np.int32),
             "reward": rng.normal(size=n).astype(np.float32),
@@ -172,3 +172,18 @@ def test_nstep_scan_vmap_over_seeds():
         s1, out1 = single(keys[i])
         for b, one in zip(jax.tree_util.tree_leaves((vs, vout)), jax.tree_util.tree_leaves((s1, out1))):
             np.testing.assert_array_equal(b[i], one)
+
+
+def test_repeated_and_out_of_range_env_ids():
+    """A repeated id stores its last entry and advances once; ids outside [0, E) write nothing: samples are
+    the reference transitions of the rows so written (a duplicate used to leave a never-written slot)."""
+    buf, add, sample, _, _ = fns(True)
+    rng = np.random.default_rng(2)
+    state, ref = buf.init(PROTO), RowsRef(E, T)
+    for _ in range(12):
+        ids = rng.integers(-1, E + 1, size=E + 1).astype(np.int32)
+        steps = make_steps(ref, ids, rng)
+        state = add(state, steps, ids, np.ones(E + 1, bool))
+        ref.add(steps, ids)
+    np.testing.assert_array_equal(state.rows.written, [ref.written(e) for e in range(E)])
+    check_transitions(sample(state, jax.random.key(0), 64), ref)

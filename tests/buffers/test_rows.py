@@ -28,10 +28,17 @@ class RowsRef:
         self.E, self.T = num_envs, capacity
         self.hist = [[] for _ in range(num_envs)]  # per env: list of step dicts (numpy scalars/arrays)
 
+    def accepted(self, env_ids, mask=None) -> list[tuple[int, int]]:
+        """(entry, env) pairs an add stores: unmasked, id in [0, E), the last entry of each repeated id."""
+        last = {}
+        for i, e in enumerate(np.asarray(env_ids).tolist()):
+            if (mask is None or bool(np.asarray(mask)[i])) and 0 <= e < self.E:
+                last[e] = i
+        return sorted((i, e) for e, i in last.items())
+
     def add(self, steps: dict, env_ids, mask=None):
-        for i, e in enumerate(np.asarray(env_ids)):
-            if mask is None or bool(np.asarray(mask)[i]):
-                self.hist[int(e)].append({k: np.asarray(v)[i] for k, v in steps.items()})
+        for i, e in self.accepted(env_ids, mask):
+            self.hist[e].append({k: np.asarray(v)[i] for k, v in steps.items()})
 
     def written(self, e: int) -> int:
         return len(self.hist[e])
@@ -58,7 +65,7 @@ class RowsRef:
 def make_steps(ref: RowsRef, env_ids, rng, done_p=0.25):
     """Steps [N] whose `x` is the counter env*STRIDE + abs step each entry will get (masked ones too)."""
     env_ids = np.asarray(env_ids)
-    x = np.array([e * STRIDE + ref.written(int(e)) for e in env_ids], np.int32)
+    x = np.array([e * STRIDE + ref.written(int(e)) if 0 <= e < ref.E else -1 for e in env_ids], np.int32)
     return {"x": x, "v": rng.normal(size=(len(env_ids), 2)).astype(np.float32),
             "done": rng.random(len(env_ids)) < done_p}
 
@@ -85,16 +92,40 @@ def test_rows_match_reference_under_async_writes(ops, seed):
         steps = make_steps(ref, ids, rng)
         state = add(state, steps, ids, np.array(mask))
         ref.add(steps, ids, mask)
-    np.testing.assert_array_equal(state.written, [ref.written(e) for e in range(E)])
+    check_rows(state, ref, peek(state, np.arange(E, dtype=np.int32)))
+    assert int(buf.size(state)) == sum(min(ref.written(e), T) for e in range(E))
+
+
+def check_rows(state, ref: RowsRef, peeked):
+    """written, every leaf of the storage and the latest step of every written row match the reference."""
+    np.testing.assert_array_equal(state.written, [ref.written(e) for e in range(ref.E)])
     for key in ("x", "v", "done"):
         want = ref.storage(key, np.zeros_like(np.asarray(state.data[key])))
         np.testing.assert_array_equal(np.asarray(state.data[key]), want)
-    got = peek(state, np.arange(E, dtype=np.int32))
-    for e in range(E):
+    for e in range(ref.E):
         if ref.written(e):
-            assert got["x"][e] == ref.hist[e][-1]["x"]
-            np.testing.assert_array_equal(got["v"][e], ref.hist[e][-1]["v"])
-    assert int(buf.size(state)) == sum(min(ref.written(e), T) for e in range(E))
+            assert peeked["x"][e] == ref.hist[e][-1]["x"]
+            np.testing.assert_array_equal(peeked["v"][e], ref.hist[e][-1]["v"])
+
+
+BAD_IDS = st.lists(st.integers(-2, E + 1), min_size=E + 2, max_size=E + 2)  # out of range and repeated
+
+
+@given(ops=st.lists(st.tuples(BAD_IDS, st.lists(st.booleans(), min_size=E + 2, max_size=E + 2)),
+                    min_size=1, max_size=25), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=30, deadline=None)
+def test_out_of_range_ids_are_dropped_and_the_last_duplicate_is_kept(ops, seed):
+    """Ids < 0 or >= E write nothing and advance no row (-1 used to wrap to the last row); of a repeated id
+    the last entry is stored and its row advances once (it used to advance once per entry)."""
+    buf, add, peek = row_buffer_fns()
+    rng = np.random.default_rng(seed)
+    state, ref = buf.init(PROTO), RowsRef(E, T)
+    for ids, mask in ops:
+        ids = np.array(ids, np.int32)
+        steps = make_steps(ref, ids, rng)
+        state = add(state, steps, ids, np.array(mask))
+        ref.add(steps, ids, mask)
+    check_rows(state, ref, peek(state, np.arange(E, dtype=np.int32)))
 
 
 def test_rows_scan_and_vmap_match_python_loop():

@@ -51,11 +51,10 @@ class SeqRef(RowsRef):
         return bool(self.hist[e][a]["done"])
 
     def add(self, steps, env_ids, mask=None):
-        for i, e in enumerate(np.asarray(env_ids)):
-            if mask is None or bool(np.asarray(mask)[i]):
-                if self.alpha is not None:
-                    self.prio[int(e) * self.T + self.written(int(e)) % self.T] = self.max_p ** self.alpha
-                self.hist[int(e)].append({k: np.asarray(v)[i] for k, v in steps.items()})
+        for i, e in self.accepted(env_ids, mask):
+            if self.alpha is not None:
+                self.prio[e * self.T + self.written(e) % self.T] = self.max_p ** self.alpha
+            self.hist[e].append({k: np.asarray(v)[i] for k, v in steps.items()})
 
     def set_priorities(self, slots, priorities):
         for s, p in zip(slots, priorities):
@@ -182,6 +181,28 @@ def test_sequences_match_reference(cfg, ops, seed):
         np.testing.assert_allclose(float(sumtree.total(state.tree)), w.sum(), rtol=1e-5)
     if w.sum() > 0:
         check_sequences(sample(state, jax.random.key(seed), 16), ref, w)
+
+
+@pytest.mark.parametrize("cfg", [0, 2, 5, 7])  # counted and sum-tree weights, with and without priorities
+def test_out_of_range_and_repeated_env_ids(cfg):
+    """Adds whose ids repeat or fall outside [0, E) (as rows.py documents: dropped, the last duplicate kept,
+    one advance per row): storage, weights and samples match the reference (a repeated id used to advance
+    its row twice, so later starts pointed at a slot never written)."""
+    buf = make_sequence_buffer(E, T, L, **CONFIGS[cfg])
+    add, sample = jax.jit(buf.add), jax.jit(buf.sample, static_argnums=2)
+    rng = np.random.default_rng(cfg)
+    state, ref = buf.init(PROTO), SeqRef(CONFIGS[cfg])
+    for t in range(30):
+        ids = rng.integers(-2, E + 2, size=E + 2).astype(np.int32)
+        mask = rng.random(E + 2) < 0.8
+        steps = make_steps(ref, ids, rng, done_p=0.3)
+        state = add(state, steps, ids, mask)
+        ref.add(steps, ids, mask)
+    np.testing.assert_array_equal(state.rows.written, [ref.written(e) for e in range(E)])
+    np.testing.assert_array_equal(state.rows.data["x"], ref.storage("x", np.zeros((E, T), np.int32)))
+    w = ref.weights()
+    np.testing.assert_allclose(np.asarray(buf.weights(state)), w, rtol=1e-5, atol=1e-7)
+    check_sequences(sample(state, jax.random.key(0), 64), ref, w)
 
 
 @pytest.mark.parametrize("capacity", [30, 32])  # tree over every slot / over aligned slots only (stride 4)
