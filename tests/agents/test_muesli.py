@@ -151,6 +151,259 @@ def test_loss_ignores_steps_past_the_data_and_model_steps_past_episode_ends():
     np.testing.assert_allclose(d, expected, rtol=1e-4, atol=1e-5)
 
 
+# ---- the whole loss against a loop-based re-derivation ---------------------------------------------------
+
+REF = {**SMALL, "unroll_steps": 2, "network": {**SMALL["network"], "state_dim": 8}}
+A = 3  # three actions: argmaxes, CMPO weights and importance ratios are not forced by a two-way choice
+
+
+def _h(x, eps=1e-3):
+    return np.sign(x) * (np.sqrt(np.abs(x) + 1) - 1) + eps * x
+
+
+def _h_inv(x, eps=1e-3):
+    return np.sign(x) * (((np.sqrt(1 + 4 * eps * (np.abs(x) + 1 + eps)) - 1) / (2 * eps)) ** 2 - 1)
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _scalar(logits, lo, hi):
+    """h^-1 of the expected atom of categorical logits [..., N] over N atoms in [lo, hi]."""
+    atoms = np.linspace(lo, hi, logits.shape[-1])
+    return _h_inv(np.sum(_softmax(logits) * atoms, -1))
+
+
+def _two_hot(x, lo, hi, n):
+    """[..., N]: the two atoms around h(x) (clipped to [lo, hi]) share the mass, expectation h(x)."""
+    hx = np.clip(_h(np.asarray(x, np.float64)), lo, hi)
+    pos = (hx - lo) / (hi - lo) * (n - 1)
+    low = np.clip(np.floor(pos).astype(int), 0, n - 2)
+    frac = pos - low
+    out = np.zeros(np.shape(x) + (n,))
+    np.put_along_axis(out, low[..., None], (1 - frac)[..., None], -1)
+    np.put_along_axis(out, (low + 1)[..., None], frac[..., None], -1)
+    return out
+
+
+def _retrace_backward(q, v, r, term, trunc, valid, c, gamma):
+    """Retrace by the backward recursion G_t = r_t + gamma (v_{t+1} + c_{t+1} (G_{t+1} - q_{t+1})), with
+    G_t = r_t at a termination and G_t = r_t + gamma v_{t+1} when step t+1 has no target of its own."""
+    L = len(q)
+    has = np.array([valid[t] and not trunc[t] and (term[t] or (t + 1 < L and valid[t + 1])) for t in range(L)])
+    G = np.zeros(L)
+    for t in reversed(range(L)):
+        if not has[t]:
+            continue
+        if term[t]:
+            G[t] = r[t]
+        elif has[t + 1]:
+            G[t] = r[t] + gamma * (v[t + 1] + c[t + 1] * (G[t + 1] - q[t + 1]))
+        else:
+            G[t] = r[t] + gamma * v[t + 1]
+    V = np.where(has, v + c * (G - q), 0.0)
+    return G, V, has
+
+
+def _reference_problem():
+    """A small agent, online and target params that differ, a prior advantage EMA and a hand-made batch with a
+    termination, a truncation and an early end of the data."""
+    agent = make_agent(REF, obs_shape=(3,), obs_dtype=jnp.float32, num_actions=A, num_envs=E)
+    state = perturbed_state(agent, jax.random.PRNGKey(0))
+    target = perturbed_state(agent, jax.random.PRNGKey(1)).params
+    state = state.replace(target_params=target,
+                          adv_ema=state.adv_ema.replace(mu=jnp.float32(2.0), nu=jnp.float32(10.0),
+                                                        decay_product=jnp.float32(0.5)))
+    rng = np.random.default_rng(0)
+    B, L = 3, agent.cfg.sequence_length
+    term, trunc = np.zeros((B, L), bool), np.zeros((B, L), bool)
+    term[0, 2] = True  # episode ends inside the sequence; a new one starts at 3
+    trunc[1, 3] = True  # time limit at step 3
+    term[2, 5] = True  # past the data (row 2 holds 4 valid steps): must not count
+    valid = np.arange(L)[None] < np.array([[L], [L], [4]])
+    batch = {"obs": rng.normal(size=(B, L, 3)).astype(np.float32),
+             "action": rng.integers(0, A, (B, L)).astype(np.int32),
+             "reward": (rng.normal(size=(B, L)) * 2).astype(np.float32),
+             "terminated": term, "truncated": trunc,
+             "behaviour_logp": np.log(rng.uniform(0.1, 0.9, (B, L))).astype(np.float32)}
+    return agent, state, batch, valid
+
+
+def _net(agent, params, method, *args):
+    from agents.muesli_networks import MuesliNetwork
+
+    return agent.network.apply(params, *args, method=getattr(MuesliNetwork, method))
+
+
+def _reference_targets(agent, state, batch, valid):
+    """Targets of agents/muesli.py re-derived in NumPy from the target network's outputs."""
+    cfg, lo, hi = agent.cfg, agent.cfg.support_min, agent.cfg.support_max
+    tp = state.target_params
+    states = _net(agent, tp, "represent", jnp.asarray(batch["obs"]))
+    prior_logits = np.asarray(_net(agent, tp, "predict", states)[0], np.float64)
+    B, L = valid.shape
+    q = np.zeros((B, L, A))
+    for a in range(A):  # one-step look-ahead for every action: r(s, a) + gamma v(s')
+        nxt, reward_logits = _net(agent, tp, "step", states, jnp.full((B, L), a, jnp.int32))
+        value_logits = _net(agent, tp, "predict", nxt)[1]
+        q[..., a] = (_scalar(np.asarray(reward_logits, np.float64), lo, hi)
+                     + cfg.discount * _scalar(np.asarray(value_logits, np.float64), lo, hi))
+    prior = _softmax(prior_logits)
+    v = np.sum(prior * q, -1)
+    act = batch["action"]
+    pi_taken = np.take_along_axis(prior, act[..., None], -1)[..., 0]
+    c = cfg.retrace_lambda * np.minimum(1.0, pi_taken / np.exp(batch["behaviour_logp"].astype(np.float64)))
+    q_taken = np.take_along_axis(q, act[..., None], -1)[..., 0]
+    G, V, has = np.zeros((B, L)), np.zeros((B, L)), np.zeros((B, L), bool)
+    for b in range(B):
+        G[b], V[b], has[b] = _retrace_backward(q_taken[b], v[b], batch["reward"][b], batch["terminated"][b],
+                                               batch["truncated"][b], valid[b], c[b], cfg.discount)
+    adv = (G - v)[has]
+    d = cfg.adv_var_decay
+    ema = state.adv_ema
+    mu = d * float(ema.mu) + (1 - d) * adv.mean()
+    nu = d * float(ema.nu) + (1 - d) * np.mean(adv**2)
+    dp = float(ema.decay_product) * d
+    scale = np.sqrt(nu / (1 - dp) + cfg.adv_var_eps)  # sqrt of the debiased second moment
+    cmpo = prior * np.exp(np.clip((q - v[..., None]) / scale, -cfg.cmpo_clip, cfg.cmpo_clip))
+    cmpo /= cmpo.sum(-1, keepdims=True)
+    return {"G": G, "V": V, "mask": has, "cmpo": cmpo, "pg_adv": (G - v) / scale, "scale": scale,
+            "ema": (mu, nu, dp), "q": q, "v": v}
+
+
+def _reference_loss_fn(agent, batch, valid, ref, rho):
+    """The Muesli loss as a function of the online params (differentiable; all targets and the importance
+    weights `rho` are constants), with every mask written as an explicit loop over (b, t, k)."""
+    cfg, lo, hi, n = agent.cfg, agent.cfg.support_min, agent.cfg.support_max, agent.cfg.num_atoms
+    K = cfg.unroll_steps
+    B, L = valid.shape
+    same, reward_ok, absorbing = masks_loop(valid, batch["terminated"], batch["truncated"], K)
+    at = lambda t: min(t, L - 1)
+    act = batch["action"]
+    # Constant targets per (b, t, k).
+    cmpo_k = np.stack([ref["cmpo"][:, [at(t + k) for t in range(L)]] for k in range(K + 1)], 2)  # [B, L, K+1, A]
+    value_t = np.zeros((B, L, K + 1))
+    value_m = np.zeros((B, L, K + 1))
+    reward_t = np.zeros((B, L, K))
+    for b in range(B):
+        for t in range(L):
+            for k in range(K + 1):
+                if same[b, t, k] and ref["mask"][b, t + k]:
+                    value_t[b, t, k], value_m[b, t, k] = ref["V"][b, t + k], 1.0
+                elif absorbing[b, t, k]:
+                    value_t[b, t, k], value_m[b, t, k] = 0.0, 1.0
+                if k >= 1:
+                    reward_t[b, t, k - 1] = batch["reward"][b, at(t + k - 1)]
+    value_2hot = _two_hot(value_t, lo, hi, n)
+    reward_2hot = _two_hot(reward_t, lo, hi, n)
+    model_actions = np.stack([act[:, [at(t + k) for t in range(L)]] for k in range(K)], 0)  # [K, B, L]
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    mask_pg, mask_valid = f32(ref["mask"]), f32(valid)
+    same_m, reward_m = f32(same[..., 1:]), f32(reward_ok[..., 1:])
+    cmpo_k, value_2hot, reward_2hot, value_m = f32(cmpo_k), f32(value_2hot), f32(reward_2hot), f32(value_m)
+    rho, pg_adv = f32(rho), f32(ref["pg_adv"])
+    onehot = f32(np.eye(A)[act])
+    scale_grad = cfg.dynamics_grad_scale
+
+    def mean_over(x, m):
+        return jnp.sum(x * m) / max(float(np.sum(np.asarray(m))), 1.0)
+
+    def loss(params):
+        s = _net(agent, params, "represent", jnp.asarray(batch["obs"]))
+        policy, value, reward = [], [], []
+        for k in range(K + 1):
+            p_logits, v_logits = _net(agent, params, "predict", s)
+            policy.append(jax.nn.log_softmax(p_logits))
+            value.append(jax.nn.log_softmax(v_logits))
+            if k < K:  # the gradient entering the dynamics is scaled by dynamics_grad_scale
+                s = jax.lax.stop_gradient(s) + scale_grad * (s - jax.lax.stop_gradient(s))
+                s, r_logits = _net(agent, params, "step", s, jnp.asarray(model_actions[k]))
+                reward.append(jax.nn.log_softmax(r_logits))
+        log_pi_taken = jnp.sum(onehot * policy[0], -1)
+        pg = mean_over(-rho * pg_adv * log_pi_taken, mask_pg)
+        kl = lambda k: jnp.sum(cmpo_k[:, :, k] * (jnp.log(cmpo_k[:, :, k]) - policy[k]), -1)
+        cmpo = mean_over(kl(0), mask_valid)
+        model_policy = sum(jnp.sum(kl(k) * same_m[..., k - 1]) for k in range(1, K + 1)) / max(
+            float(np.sum(np.asarray(same_m))), 1.0)
+        ce_v = jnp.stack([-jnp.sum(value_2hot[:, :, k] * value[k], -1) for k in range(K + 1)], -1)
+        ce_r = jnp.stack([-jnp.sum(reward_2hot[:, :, k] * reward[k], -1) for k in range(K)], -1)
+        value_loss = mean_over(ce_v, value_m)
+        reward_loss = mean_over(ce_r, reward_m)
+        total = (cfg.pg_weight * pg + cfg.cmpo_weight * cmpo + cfg.model_policy_weight * model_policy
+                 + cfg.value_weight * value_loss + cfg.reward_weight * reward_loss)
+        return total, {"pg_loss": pg, "cmpo_kl": cmpo, "model_policy_loss": model_policy, "value_loss": value_loss,
+                       "reward_loss": reward_loss}
+
+    return loss
+
+
+def test_targets_match_numpy_reference():
+    """Look-ahead q, the baseline v = E_prior q, Retrace with c = lambda min(1, pi_prior/mu) from the target
+    network, the advantage EMA (debiased second moment, not the variance), the CMPO policy with advantages
+    divided by the scale, and the normalised policy-gradient advantage."""
+    agent, state, batch, valid = _reference_problem()
+    targets, adv_ema, metrics = agent.targets(state, jax.tree.map(jnp.asarray, batch), jnp.asarray(valid))
+    ref = _reference_targets(agent, state, batch, valid)
+    m = ref["mask"]
+    np.testing.assert_array_equal(np.asarray(targets.retrace.mask), m)
+    np.testing.assert_allclose(np.asarray(targets.retrace.q)[m], ref["G"][m], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(targets.retrace.v)[m], ref["V"][m], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose([adv_ema.mu, adv_ema.nu, adv_ema.decay_product], ref["ema"], rtol=1e-4)
+    np.testing.assert_allclose(float(metrics["adv_scale"]), ref["scale"], rtol=1e-5)
+    np.testing.assert_allclose(np.exp(np.asarray(targets.cmpo_log_probs)), ref["cmpo"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(targets.pg_advantage)[m], ref["pg_adv"][m], rtol=1e-4, atol=1e-4)
+    # Guards: every term matters on this batch.
+    adv = (ref["q"] - ref["v"][..., None]) / ref["scale"]
+    assert abs(ref["scale"] - 1) > 0.3  # dividing by the scale changes the advantages
+    assert ((np.abs(adv) < agent.cfg.cmpo_clip) & (np.abs(adv) > 0.05)).sum() > 10  # ... inside the clip
+    mu_hat = ref["ema"][0] / (1 - ref["ema"][2])
+    assert mu_hat**2 > 0.2 * ref["scale"] ** 2  # the mean term of the second moment is not negligible
+    assert (~m & valid).any() and m.sum() >= 8
+
+
+def test_loss_and_gradient_match_reference():
+    """`MuesliAgent.loss` (value, every term, and the gradient w.r.t. all online params) equals the loop-based
+    reference: policy gradient -rho * A * log pi(a) with rho = min(1, pi/mu) held constant, KL(pi_cmpo || pi) at
+    the root and at the model states, value and reward cross-entropies over two-hot targets (value 0 after a
+    termination), and gradients into the model states scaled by dynamics_grad_scale."""
+    agent, state, batch, valid = _reference_problem()
+    jbatch, jvalid = jax.tree.map(jnp.asarray, batch), jnp.asarray(valid)
+    targets, _, _ = agent.targets(state, jbatch, jvalid)
+    ref = _reference_targets(agent, state, batch, valid)
+    # rho from the online policy at the root, computed outside any gradient.
+    root_logits = np.asarray(_net(agent, state.params, "predict",
+                                  _net(agent, state.params, "represent", jnp.asarray(batch["obs"])))[0], np.float64)
+    pi_taken = np.take_along_axis(_softmax(root_logits), batch["action"][..., None], -1)[..., 0]
+    rho = np.minimum(1.0, pi_taken / np.exp(batch["behaviour_logp"].astype(np.float64)))
+    assert (rho[ref["mask"]] < 0.9).sum() >= 3 and (rho[ref["mask"]] == 1.0).sum() >= 3  # both sides of the clip
+
+    ref_loss = _reference_loss_fn(agent, batch, valid, ref, rho)
+    (value, metrics), grads = jax.value_and_grad(agent.loss, has_aux=True)(state.params, targets, jbatch, jvalid)
+    (ref_value, ref_terms), ref_grads = jax.value_and_grad(ref_loss, has_aux=True)(state.params)
+    for name, term in ref_terms.items():
+        assert abs(float(term)) > 1e-3, name  # every term is present on this batch
+        np.testing.assert_allclose(float(metrics[name]), float(term), rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-4)
+
+    def close(path, g, r):
+        g, r = np.asarray(g), np.asarray(r)
+        assert np.linalg.norm(g - r) <= 2e-3 * np.linalg.norm(r) + 1e-6, jax.tree_util.keystr(path)
+
+    jax.tree_util.tree_map_with_path(close, grads, ref_grads)
+    assert np.linalg.norm(np.asarray(ref_grads["params"]["dynamics_out"]["kernel"])) > 1e-4
+
+
+def test_target_network_is_an_ema_of_the_online_params():
+    agent, state, batch, valid = _reference_problem()
+    new, _ = jax.jit(agent.update)(state, jax.tree.map(jnp.asarray, batch), jnp.asarray(valid))
+    rate = agent.cfg.target_update_rate
+    expected = jax.tree.map(lambda p, t: rate * p + (1 - rate) * t, new.params, state.target_params)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6),
+                 new.target_params, expected)
+
+
 # ---- buffer, online queue and train step ----------------------------------------------------------------
 
 def fill(agent, state, buffer_state, key, steps):
