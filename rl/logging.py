@@ -2,7 +2,8 @@
 never needs a login), `metrics.csv` (one row per log and seed), `summary.json` and a learning-curve PNG in
 the run dir.
 
-Runners call, in order: `start(...)` once, `log(env_steps, metrics)` after every chunk with per-seed arrays
+Runners call, in order: `start(...)` once (`total_steps=`: the env steps the run will end at, after any
+rounding up to whole chunks), `log(env_steps, metrics)` after every chunk with per-seed arrays
 `[S]` (or scalars), `summary(...)` at the end; scripts call `close()`, which writes the PNG and prints
 where everything is.
 """
@@ -21,6 +22,16 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 RETURN_KEY = "episode_return"
+NO_EPISODE = "no episode finished yet"
+
+
+def _last_return(history: list[dict]) -> float:
+    """Mean over seeds of the last logged episode return in `history` (NaN if none was logged)."""
+    for step in sorted({row["env_steps"] for row in history}, reverse=True):
+        values = [row[RETURN_KEY] for row in history if row["env_steps"] == step and row.get(RETURN_KEY) is not None]
+        if values:
+            return float(np.mean(values))
+    return float("nan")
 
 
 def _float(x) -> float | None:
@@ -51,22 +62,32 @@ class RunLogger:
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self, *, start_step: int, num_seeds: int, wandb_id: str | None = None,
-              history: list[dict] | None = None) -> None:
-        """Open the progress bar and wandb (resuming run `wandb_id` if given) from `start_step`."""
+              history: list[dict] | None = None, total_steps: int | None = None) -> None:
+        """Open the progress bar and wandb (resuming run `wandb_id` if given) from `start_step`.
+
+        `total_steps`: the env steps the run will really end at (per seed), e.g. `cfg.total_steps` rounded up
+        to whole iterations/chunks by the runner; default `cfg.total_steps`. The bar's total is this number,
+        and grows to the logged step if a run goes past it, so the bar never overshoots 100%."""
         self.num_seeds = num_seeds
-        self.total_steps = int(self.cfg.total_steps)
+        self.total_steps = int(self.cfg.total_steps if total_steps is None else total_steps)
         self.history = list(history or [])
         self._last = (time.perf_counter(), start_step)
-        self._recent = float("nan")
+        self._recent = _last_return(self.history)
         self._start_wandb(wandb_id)
         if self.history:
             self._rewrite_csv()
         if self.cfg.logger.progress:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.total_steps, initial=start_step, unit="step", unit_scale=True,
-                             dynamic_ncols=True, desc=f"{self.cfg.agent.name}/{self.cfg.env.id}")
+            self._bar = tqdm(total=max(self.total_steps, start_step), initial=start_step, unit="step",
+                             unit_scale=True, dynamic_ncols=True, desc=f"{self.cfg.agent.name}/{self.cfg.env.id}")
+            self._bar.set_postfix_str(self._postfix(None), refresh=False)
         self._started = True
+
+    def _postfix(self, sps: float | None) -> str:
+        """`sps=1,234, ret=97.5`, or `no episode finished yet` (instead of `ret=nan`) before the first one."""
+        ret = NO_EPISODE if math.isnan(self._recent) else f"ret={self._recent:.1f}"
+        return ret if sps is None else f"sps={sps:,.0f}, {ret}"
 
     def _start_wandb(self, wandb_id: str | None) -> None:
         wcfg = self.cfg.logger.wandb
@@ -106,8 +127,10 @@ class RunLogger:
                     data[k] = float(v[0])
             self._wandb.log(data, step=int(env_steps))
         if self._bar is not None:
+            if env_steps > self._bar.total:  # a runner that rounded total_steps up without telling start()
+                self._bar.total = env_steps
+            self._bar.set_postfix_str(self._postfix(sps), refresh=False)
             self._bar.update(env_steps - self._bar.n)
-            self._bar.set_postfix(sps=f"{sps:,.0f}", ret=f"{self._recent:.1f}", refresh=False)
 
     def _append_csv(self, rows: list[dict]) -> None:
         path = self.run_dir / "metrics.csv"
@@ -199,7 +222,22 @@ def plot_learning_curve(history: list[dict], path: str | Path, key: str = RETURN
     ax.grid(alpha=0.3)
     if curves:
         ax.legend(fontsize=7, loc="best")
+    else:  # say so, rather than an empty 0-1 axis
+        last = max((int(row["env_steps"]) for row in history), default=0)
+        no_values(ax, key, last)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def no_values(ax, key: str, last_step: int) -> str:
+    """Write on an empty panel why it is empty: no episode finished (episode metrics) or no values of `key`
+    within the first `last_step` env steps; returns the message."""
+    what = "no episode finished" if key.startswith("episode") else f"no values of {key}"
+    message = f"{what} in {last_step:,} env steps" if last_step else what
+    ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center", fontsize=12, color="0.3")
+    ax.set_yticks([])
+    if last_step:
+        ax.set_xlim(0, last_step)
+    return message

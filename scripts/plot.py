@@ -18,14 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from rl.logging import no_values
 from rl.sweep import find_runs, read_metrics, run_overrides
 
 IGNORED_KEYS = ("seed",)
 
 
-def collect_curves(root: str | Path, metric: str, group_by: list[str] | None = None
+def collect_curves(root: str | Path, metric: str, group_by: list[str] | None = None, allow_empty: bool = False
                    ) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
-    """`{group label: [(env_steps, values), ...]}`, one curve per (run, seed), NaN points dropped."""
+    """`{group label: [(env_steps, values), ...]}`, one curve per (run, seed), NaN points dropped.
+
+    A metric that is no column of any run is an error; one whose column has no values yet (e.g.
+    `episode_return` before the first episode ended) is an error too unless `allow_empty` (then `{}`)."""
     runs = find_runs(root)
     if not runs:
         raise FileNotFoundError(f"no run under {root}: expected metrics.csv files written by scripts.train")
@@ -34,18 +38,29 @@ def collect_curves(root: str | Path, metric: str, group_by: list[str] | None = N
         keys = list(dict.fromkeys(k for o in overrides.values() for k in o if k not in IGNORED_KEYS))
         group_by = [k for k in keys if len({o.get(k) for o in overrides.values()}) > 1]
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    seen = False
     for run in runs:
         label = " ".join(f"{k}={overrides[run].get(k, '-')}" for k in group_by) or "all runs"
         for cols in read_metrics(run).values():
             if metric not in cols:
                 continue
+            seen = True
             x, y = cols["env_steps"], cols[metric]
             keep = ~np.isnan(y)
             if keep.any():
                 groups.setdefault(label, []).append((x[keep], y[keep]))
-    if not groups:
+    if not seen:
+        raise ValueError(f"metric {metric!r} has no values in the runs under {root}: no column of their metrics.csv")
+    if not groups and not allow_empty:
         raise ValueError(f"metric {metric!r} has no values in the runs under {root}")
     return groups
+
+
+def last_step(root: str | Path) -> int:
+    """The last logged env step of the runs under `root` (0 if none)."""
+    steps = [cols["env_steps"].max() for run in find_runs(root) for cols in read_metrics(run).values()
+             if cols["env_steps"].size]
+    return int(max(steps, default=0))
 
 
 def aggregate(curves: list[tuple[np.ndarray, np.ndarray]], spread: str = "std"
@@ -81,7 +96,8 @@ def plot(root: str | Path, metrics: list[str] | tuple[str, ...] = ("episode_retu
     out = Path(out) if out is not None else root / "learning_curves.png"
     fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 3.6 * len(metrics)), squeeze=False)
     for ax, metric in zip(axes[:, 0], metrics):
-        for label, curves in sorted(collect_curves(root, metric, group_by).items()):
+        groups = collect_curves(root, metric, group_by, allow_empty=True)
+        for label, curves in sorted(groups.items()):
             x, mean, low, high = aggregate(curves, spread)
             (line,) = ax.plot(x, mean, lw=1.8, label=f"{label} (n={len(curves)})")
             if spread != "none" and len(curves) > 1:
@@ -89,7 +105,10 @@ def plot(root: str | Path, metrics: list[str] | tuple[str, ...] = ("episode_retu
         ax.set_xlabel("env steps")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        if groups:
+            ax.legend(fontsize=7, loc="best")
+        else:  # e.g. no episode finished yet: say so, rather than an empty 0-1 axis
+            no_values(ax, metric, last_step(root))
     axes[0, 0].set_title(title if title is not None else f"{root}  (mean, band: {spread} over seeds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

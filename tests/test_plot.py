@@ -100,3 +100,27 @@ def test_clear_errors(tmp_path, sweep):
         plot.collect_curves(tmp_path / "nothing", "episode_return")
     with pytest.raises(ValueError, match="metric 'eval/return' has no values"):
         plot.collect_curves(sweep, "eval/return")
+
+
+def test_no_episode_finished_is_said_on_the_panel(tmp_path, monkeypatch):
+    """A run whose episodes have not ended yet: the return panel says so (no empty 0-1 axis), the loss panel
+    is drawn; a metric that is no column at all is still an error."""
+    import matplotlib.figure
+
+    write_run(tmp_path / "run", ["agent=dqn"], STEPS, {0: np.full(5, np.nan), 1: np.full(5, np.nan)})
+    with pytest.raises(ValueError, match="has no values"):
+        plot.collect_curves(tmp_path, "episode_return")
+    assert plot.collect_curves(tmp_path, "episode_return", allow_empty=True) == {}
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        saved.append([[t.get_text() for t in ax.texts] for ax in fig.axes])
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    path = plot.main([str(tmp_path), "--metric", "episode_return", "--metric", "train/loss"])
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert saved == [[["no episode finished in 500 env steps"], []]]
+    with pytest.raises(ValueError, match="no column"):
+        plot.main([str(tmp_path), "--metric", "eval/return"])

@@ -1,0 +1,93 @@
+"""rl/logging.py: the progress bar's total and postfix, and the learning curve when no episode has finished."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.figure
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from rl.logging import NO_EPISODE, RunLogger, plot_learning_curve
+
+
+def _cfg(total_steps: int = 1000, progress: bool = True):
+    return OmegaConf.create({"total_steps": total_steps, "agent": {"name": "dqn"}, "env": {"id": "CartPole-v1"},
+                             "logger": {"progress": progress, "plot": True,
+                                        "wandb": {"mode": "disabled", "project": "x", "entity": None,
+                                                  "group": None, "name": None, "tags": []}}})
+
+
+@pytest.fixture
+def texts_saved(monkeypatch):
+    """The texts written on the axes of every figure saved (title, labels and `ax.text`s)."""
+    saved: list[list[str]] = []
+    original = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        saved.append([t.get_text() for ax in fig.axes for t in ax.texts])
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    return saved
+
+
+def test_bar_total_is_the_rounded_number_the_runner_passes(tmp_path, capsys):
+    logger = RunLogger(_cfg(1000), tmp_path)
+    logger.start(start_step=0, num_seeds=1, total_steps=1200)  # e.g. 1000 rounded up to iterations of 400
+    assert logger._bar.total == 1200
+    for step in (400, 800, 1200):
+        logger.log(step, {"episode_return": np.nan})
+        assert logger._bar.n == step <= logger._bar.total == 1200
+    assert "100%" in str(logger._bar) and "1.20k/1.20k" in str(logger._bar)
+    logger.close()
+
+
+def test_bar_never_overshoots_when_the_runner_goes_past_cfg_total(tmp_path, capsys):
+    logger = RunLogger(_cfg(1000), tmp_path)
+    logger.start(start_step=0, num_seeds=2)
+    assert logger._bar.total == 1000
+    logger.log(600, {"episode_return": [np.nan, np.nan]})
+    logger.log(1200, {"episode_return": [np.nan, np.nan]})  # rounded up without telling start()
+    assert logger._bar.n == logger._bar.total == 1200
+    logger.close()
+
+
+def test_postfix_says_no_episode_finished_yet_instead_of_nan(tmp_path, capsys):
+    logger = RunLogger(_cfg(1000), tmp_path)
+    logger.start(start_step=0, num_seeds=2)
+    assert NO_EPISODE == "no episode finished yet"
+    assert logger._bar.postfix == NO_EPISODE and "nan" not in str(logger._bar)
+    logger.log(200, {"episode_return": [np.nan, np.nan], "train/loss": [np.nan, np.nan]})
+    assert NO_EPISODE in str(logger._bar) and "nan" not in str(logger._bar) and "sps=" in str(logger._bar)
+    logger.log(400, {"episode_return": [10.0, np.nan]})
+    assert "ret=10.0" in str(logger._bar) and NO_EPISODE not in str(logger._bar)
+    logger.log(600, {"episode_return": [np.nan, np.nan]})  # no episode ended in this chunk: keep the last one
+    assert "ret=10.0" in str(logger._bar)
+    logger.close()
+
+
+def test_resumed_run_shows_the_last_return_of_its_history(tmp_path, capsys):
+    history = [{"env_steps": 100, "seed": 0, "episode_return": 5.0}, {"env_steps": 200, "seed": 0, "episode_return": None}]
+    logger = RunLogger(_cfg(1000), tmp_path)
+    logger.start(start_step=200, num_seeds=1, history=history, total_steps=1000)
+    assert logger._bar.n == 200 and "ret=5.0" in str(logger._bar)
+    logger.close()
+
+
+def test_learning_curve_says_no_episode_finished(tmp_path, capsys, texts_saved):
+    logger = RunLogger(_cfg(1000), tmp_path)
+    logger.start(start_step=0, num_seeds=2, total_steps=1000)
+    for step in (500, 1000):
+        logger.log(step, {"episode_return": [np.nan, np.nan], "train/loss": [1.0, 2.0]})
+    paths = logger.close()
+    assert paths["learning_curve"].read_bytes()[:4] == b"\x89PNG"
+    assert texts_saved == [["no episode finished in 1,000 env steps"]]
+
+
+def test_learning_curve_with_episodes_has_no_such_note(tmp_path, texts_saved):
+    history = [{"env_steps": s, "seed": 0, "episode_return": float(s) / 10} for s in (100, 200)]
+    plot_learning_curve(history, tmp_path / "c.png")
+    assert texts_saved == [[]]
+    assert not math.isnan(history[0]["episode_return"])
