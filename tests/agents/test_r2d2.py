@@ -126,8 +126,9 @@ def test_config_errors_name_the_key():
 
 
 # ----------------------------------------------------------------------------- the n-step target, in NumPy
-def reference_td(agent, params, target_params, data, mask, stored_state=True):
-    """|td| [B, L-b-1] and validity by explicit loops: unroll with resets, h(G + g^k h^-1(Q_target(a*)))."""
+def reference_td(agent, params, target_params, data, mask, stored_state=True, select="online"):
+    """|td| [B, L-b-1] and validity by explicit loops: unroll with resets, h(G + g^k h^-1(Q_target(a*))).
+    `select`: the net whose argmax picks a* ("online": double Q; "target": only to show it differs)."""
     cfg = agent.cfg
     obs, act, rew = data["obs"], data["action"], data["reward"]
     term, trunc = data["terminated"], data["truncated"]
@@ -158,17 +159,17 @@ def reference_td(agent, params, target_params, data, mask, stored_state=True):
                     break
                 disc *= g
             if not cut:  # double Q: the online argmax, valued by the target network
-                ret += disc * h_inv_np(qt[j + 1, np.argmax(q[j + 1])])
+                chooser = q if select == "online" else qt
+                ret += disc * h_inv_np(qt[j + 1, np.argmax(chooser[j + 1])])
             tds[b, t - bi] = h_np(ret) - q[t, act[b, t]]
             oks[b, t - bi] = ok
     return np.abs(tds), oks
 
 
-@pytest.mark.parametrize("stored_state", [True, False])
-def test_sequence_td_matches_numpy_reference(stored_state):
-    agent = R2D2(small_config(stored_state=stored_state), obs_shape=(2,), obs_dtype=jnp.float32,
-                 num_actions=3, num_envs=E)
-    rng = np.random.default_rng(1)
+def hand_sequences(agent, seed=1):
+    """Three hand-made sequences: a termination in the trained part, a truncation, an episode end in the burn-in
+    and the newest stored step before the end of the sequence."""
+    rng = np.random.default_rng(seed)
     batch, length = 3, agent.cfg.sequence_length
     term = np.zeros((batch, length), bool)
     trunc = np.zeros((batch, length), bool)
@@ -184,6 +185,15 @@ def test_sequence_td_matches_numpy_reference(stored_state):
         "terminated": term, "truncated": trunc,
         "carry": type(agent.initial_carry(1))(*rng.normal(size=(2, batch, length, H)).astype(np.float32)),
     }
+    return data, mask
+
+
+@pytest.mark.parametrize("stored_state", [True, False])
+def test_sequence_td_matches_numpy_reference(stored_state):
+    agent = R2D2(small_config(stored_state=stored_state), obs_shape=(2,), obs_dtype=jnp.float32,
+                 num_actions=3, num_envs=E)
+    data, mask = hand_sequences(agent)
+    batch = mask.shape[0]
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
     target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
     jdata = jax.tree.map(jnp.asarray, data)
@@ -193,6 +203,25 @@ def test_sequence_td_matches_numpy_reference(stored_state):
     assert ref_ok.sum() > 10 and (~ref_ok).sum() >= 4  # both kinds exercised
     np.testing.assert_allclose(np.asarray(aux["abs_td"]).T[ref_ok], ref_td[ref_ok], rtol=2e-4, atol=2e-4)
     assert not np.asarray(aux["abs_td"]).T[~ref_ok].any()
+    # Guard: the online and target nets pick different next actions here, so double Q is being tested.
+    target_td, _ = reference_td(agent, params, target, data, mask, stored_state, select="target")
+    assert (np.abs(target_td - ref_td)[ref_ok] > 1e-3).sum() >= 2
+
+
+def test_sequence_loss_value_and_weights_match_reference():
+    """loss = mean_b w_b * 0.5 * sum_t td_bt^2 / (L - burn_in - 1) over the valid TD errors, with unequal
+    importance weights w_b; d loss / d w_b is the sequence's own term / B."""
+    agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=3, num_envs=E)
+    data, mask = hand_sequences(agent, seed=2)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
+    target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
+    jdata = jax.tree.map(jnp.asarray, data)
+    weights = np.array([0.2, 1.0, 0.6], np.float32)
+    ref_td, ref_ok = reference_td(agent, params, target, data, mask)
+    per_seq = 0.5 * np.sum(np.where(ref_ok, ref_td, 0.0) ** 2, axis=1) / ref_td.shape[1]
+    fn = jax.jit(lambda w: agent.sequence_loss(params, target, jdata, jnp.asarray(mask), w)[0])
+    np.testing.assert_allclose(float(fn(jnp.asarray(weights))), np.mean(weights * per_seq), rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(jax.grad(fn)(jnp.asarray(weights))), per_seq / 3, rtol=1e-4)
 
 
 def test_burn_in_steps_get_no_gradient():
@@ -302,6 +331,28 @@ def test_importance_exponent_zero_switches_weights_off(rollout):
     key = jax.random.PRNGKey(6)
     assert float(jax.jit(off.train_step)(state, bs, key)[2]["importance_weight"]) == 1.0
     assert float(jax.jit(agent.train_step)(state, bs, key)[2]["importance_weight"]) < 1.0  # exponent 0.6
+
+
+def test_train_step_loss_is_importance_weighted(rollout):
+    """The loss a train step differentiates is weighted by w_i = P_i^-beta / max_j P_j^-beta (written out here)
+    for the probabilities P of the sequences it sampled."""
+    agent, state, bs, *_ = rollout
+    every = np.arange(0, agent.buffer.num_slots, agent.cfg.period)
+    bs = agent.buffer.set_priorities(bs, jnp.asarray(every),
+                                     jnp.asarray(np.random.default_rng(0).uniform(0.05, 5.0, len(every)), jnp.float32))
+    key = jax.random.PRNGKey(8)
+    sample = agent.buffer.sample(bs, key, agent.cfg.batch_size)  # what train_step samples with this key
+    p = np.asarray(sample.probabilities, np.float64)
+    w = p ** -agent.cfg.importance_exponent
+    w = w / w.max()
+    assert w.min() < 0.8  # the weights differ
+    loss_fn = jax.jit(agent.sequence_loss)
+    expected = loss_fn(state.params, state.target_params, sample.data, sample.mask, jnp.asarray(w, jnp.float32))[0]
+    unweighted = loss_fn(state.params, state.target_params, sample.data, sample.mask, jnp.ones(len(w)))[0]
+    assert abs(float(expected) - float(unweighted)) > 1e-3 * abs(float(unweighted))
+    _, _, metrics = jax.jit(agent.train_step)(state, bs, key)
+    np.testing.assert_allclose(float(metrics["loss"]), float(expected), rtol=1e-4)
+    np.testing.assert_allclose(float(metrics["importance_weight"]), w.mean(), rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ slow: learning runs
