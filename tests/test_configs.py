@@ -63,9 +63,23 @@ def test_env_configs_compose_and_validate(env):
 
 @pytest.mark.parametrize("group", ["logger", "distributed"])
 def test_other_groups_compose(group):
+    """Each option of the group composes into `cfg.<group>` with exactly its file's keys and values, the other
+    options give different sections, and the whole config still validates."""
+    sections = {}
     for option in _options(group):
         cfg = compose([f"{group}={option}"])
         validate(cfg)
+        composed = OmegaConf.to_container(cfg[group], resolve=False)
+        on_disk = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml"), resolve=False)
+        assert composed == on_disk, option
+        sections[option] = composed
+    assert len(sections) >= 2 and len({repr(v) for v in sections.values()}) == len(sections)
+    if group == "logger":
+        assert sections["none"]["wandb"]["mode"] == "disabled" and sections["wandb"]["wandb"]["mode"] == "offline"
+    else:
+        assert sections["none"]["enabled"] is False
+        assert all(sections[o]["enabled"] is True for o in sections if o != "none")
+        assert compose([]).distributed.enabled is False  # one process by default
 
 
 def test_shared_keys_and_defaults():
@@ -119,4 +133,5 @@ def test_bad_keys_get_hydras_error(overrides, match):
 
 def test_configs_ship_with_the_package():
     assert Path(CONFIG_DIR / "config.yaml").is_file()
-    make_agent(compose([]).agent, obs_shape=(4,), obs_dtype=jnp.float32, num_actions=2, num_envs=10)
+    agent = make_agent(compose([]).agent, obs_shape=(4,), obs_dtype=jnp.float32, num_actions=2, num_envs=10)
+    assert type(agent).__module__ == "agents.dqn" and agent.num_actions == 2 and agent.num_envs == 10
