@@ -1,9 +1,21 @@
-"""Importance weights for prioritised samples and R2D2's sequence priority."""
+"""Importance weights for prioritised samples, R2D2's sequence priority, and the priority-cleaning rule.
+
+Rule shared by every `set_priorities` (flat prioritised, sequences, n-step): a raw priority that is not a
+finite positive number (NaN, +-inf, negative, 0) counts as 0: its slot is never drawn until a later
+priority or overwrite, and it does not raise the maximum priority given to new items. So one bad TD error
+cannot turn the sum tree's total NaN/inf (which would stop `can_sample` and make samples garbage).
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+
+def clean_priorities(priorities) -> jax.Array:
+    """Raw priorities as float32 with every value that is not finite and positive replaced by 0."""
+    p = jnp.asarray(priorities, jnp.float32)
+    return jnp.where(jnp.isfinite(p) & (p > 0), p, 0.0)
 
 
 def importance_weights(probabilities: jax.Array, size, beta) -> jax.Array:

@@ -1,8 +1,9 @@
 """Prioritised flat buffer: the flat circular storage plus a sum tree over its slots.
 
 Slot i is drawn with probability p_i**alpha / sum_j p_j**alpha, where p_i is the raw priority last given
-to it by `set_priorities` (new items get the largest raw priority seen so far, initially 1). The tree
-stores p**alpha; writes touch O(batch * log capacity) tree entries and never copy the storage.
+to it by `set_priorities` (new items get the largest raw priority seen so far, initially 1). A priority
+that is not a finite positive number (NaN, +-inf, negative) counts as 0 (`priorities.clean_priorities`).
+The tree stores p**alpha; writes touch O(batch * log capacity) tree entries and never copy the storage.
 
 Sampling an empty buffer (or one whose priorities are all 0) returns indices 0, probabilities 0 and storage
 row 0; `can_sample` is False then.
@@ -24,6 +25,7 @@ from flax import struct
 
 from buffers import checks, sumtree
 from buffers.flat import FlatBuffer, gather_rows
+from buffers.priorities import clean_priorities
 
 PyTree = Any
 
@@ -95,15 +97,15 @@ class PrioritisedBuffer(FlatBuffer):
     def set_priorities(self, state: PrioritisedState, indices: jax.Array, priorities: jax.Array):
         """Give slots `indices` ([B] int) the raw priorities `priorities` ([B], >= 0).
 
-        Stores p**alpha in the tree and raises `max_priority`. Negative or NaN priorities count as 0; slots
-        outside `[0, size)` are ignored. With a repeated slot one of its priorities is kept.
+        Stores p**alpha in the tree and raises `max_priority`. NaN, infinite or negative priorities count
+        as 0; slots outside `[0, size)` are ignored. With a repeated slot one of its priorities is kept.
         """
         checks.check_index_array("set_priorities indices", indices)
         checks.check_float_array("set_priorities priorities", priorities, shape=tuple(jnp.shape(indices)))
         indices, priorities = jnp.asarray(indices), jnp.asarray(priorities)
         valid = (indices >= 0) & (indices < state.size)
         slots = jnp.where(valid, indices, -1)  # -1: ignored by sumtree.set
-        p = jnp.where(valid & (priorities > 0), priorities, 0.0).astype(jnp.float32)
+        p = jnp.where(valid, clean_priorities(priorities), 0.0)
         return state.replace(
             tree=sumtree.set(state.tree, slots, p**self.priority_exponent),
             max_priority=jnp.maximum(state.max_priority, jnp.max(p, initial=0.0)),

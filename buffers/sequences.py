@@ -9,7 +9,8 @@ A *start slot* is `(env, pos)`, flat index `slot = env * T + pos`; it stands for
 * Eligible starts: `a % period == 0`; with `start="episode"` only where the previous step had done (or
   `a == 0`); with `complete_only` only where `remaining == L` or its last valid step has done.
 * Weight of a slot: `eligible * remaining ** length_power * priority ** alpha` (the priority factor only
-  when `priority_exponent` is not None; new slots get the largest priority set so far, 1 at first).
+  when `priority_exponent` is not None; new slots get the largest priority set so far, 1 at first; a
+  priority that is not a finite positive number, NaN and +-inf included, counts as 0).
 
 Two ways to hold the weights, chosen statically:
 
@@ -54,6 +55,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks, rows, sumtree
+from buffers.priorities import clean_priorities
 from buffers.rows import RowState
 
 
@@ -151,6 +153,10 @@ class SequenceBuffer:
             return leaves
         per_row = self.capacity_per_env // self.stride
         return (leaves // per_row) * self.capacity_per_env + (leaves % per_row) * self.stride
+
+    def _on_grid(self, slots):
+        """Slots in `[0, E*T)` that have a tree leaf (every slot, or the period-aligned ones when strided)."""
+        return (slots >= 0) & (slots < self.num_slots) & (slots % self.capacity_per_env % self.stride == 0)
 
     @property
     def prioritised(self) -> bool:
@@ -385,30 +391,31 @@ class SequenceBuffer:
         if not self.prioritised:
             raise checks.BufferInputError("priorities needs a buffer made with priority_exponent")
         slots = jnp.asarray(slots, jnp.int32)
-        on_grid = slots % self.capacity_per_env % self.stride == 0
-        return jnp.where(on_grid, state.priority[self._leaf(slots)], 0.0)
+        on_grid = self._on_grid(slots)
+        return jnp.where(on_grid, state.priority[jnp.where(on_grid, self._leaf(slots), 0)], 0.0)
 
     def set_priorities(self, state: SequenceState, slots, priorities) -> SequenceState:
         """Set raw priorities (>= 0) of `slots [B]`; stores priority**alpha and tracks the max priority.
 
         `slots` are those a sample returned. A slot overwritten since it was sampled gets the priority meant
-        for its old content; a slot off the period grid (never a start) is ignored when the tree is strided.
+        for its old content; a slot outside `[0, E*T)`, or off the period grid (never a start) when the tree
+        is strided, is ignored (nor does it raise the max). NaN, infinite or negative priorities count as 0.
         """
         if not self.prioritised:
             raise checks.BufferInputError("set_priorities needs a buffer made with priority_exponent")
         checks.check_index_array("slots", slots)
-        priorities = jnp.asarray(priorities, jnp.float32)
+        priorities = clean_priorities(priorities)
         if priorities.shape != slots.shape:
             raise checks.BufferInputError(
                 f"priorities: expected shape {tuple(slots.shape)} (like slots), received {priorities.shape}")
         slots = jnp.asarray(slots, jnp.int32)
-        on_grid = slots % self.capacity_per_env % self.stride == 0
+        on_grid = self._on_grid(slots)
         leaves = jnp.where(on_grid, self._leaf(slots), self.num_leaves)  # off the grid: the dummy leaf
         powered = jnp.power(priorities, jnp.float32(self.priority_exponent))
         priority = state.priority.at[leaves].set(powered, mode="drop")
         # Read back so duplicated slots write the same (winning) value to the tree; the dummy leaf stays 0.
         tree = sumtree.set(state.tree, leaves, jnp.where(on_grid, state.base[leaves] * priority[leaves], 0.0))
-        max_p = jnp.maximum(state.max_priority, jnp.max(priorities))
+        max_p = jnp.maximum(state.max_priority, jnp.max(jnp.where(on_grid, priorities, 0.0), initial=0.0))
         return state.replace(priority=priority, tree=tree, max_priority=max_p)
 
     def size(self, state: SequenceState) -> jax.Array:

@@ -187,3 +187,26 @@ def test_repeated_and_out_of_range_env_ids():
         ref.add(steps, ids)
     np.testing.assert_array_equal(state.rows.written, [ref.written(e) for e in range(E)])
     check_transitions(sample(state, jax.random.key(0), 64), ref)
+
+
+def test_bad_priorities_count_as_zero():
+    """NaN, +-inf and negative priorities (e.g. from a diverged TD error) leave those starts at weight 0 and
+    the buffer sampleable (they used to turn the tree total NaN)."""
+    buf, add, sample, set_prio, can_sample = fns(True)
+    rng = np.random.default_rng(3)
+    state, ref = buf.init(PROTO), RowsRef(E, T)
+    for _ in range(4):
+        ids = np.arange(E, dtype=np.int32)
+        steps = make_steps(ref, ids, rng)
+        state = add(state, steps, ids, np.ones(E, bool))
+        ref.add(steps, ids)
+    bad = np.array([0, 1, 2, 3, T, T + 1], np.int32)
+    p = np.array([np.nan, np.inf, -np.inf, -1.0, np.nan, -5.0], np.float32)
+    state = set_prio(state, jnp.asarray(np.resize(bad, 16)), jnp.asarray(np.resize(p, 16)))
+    assert bool(can_sample(state))
+    s = sample(state, jax.random.key(0), 16)
+    assert not np.isin(np.asarray(s.slots), bad).any()
+    w = np.zeros(E * T)
+    w[[e * T + a for e in range(E) for a in range(4)]] = 1.0
+    w[bad] = 0.0
+    check_transitions(s, ref, w / w.sum())

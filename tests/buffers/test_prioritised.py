@@ -15,7 +15,7 @@ from buffers.prioritised import make_prioritised_buffer
 
 CAP, MIN, ALPHA, SAMPLE_B = 7, 2, 0.6, 6
 BATCHES = (3, CAP)
-PVALS = (0.0, 0.5, 2.0, 7.0, float("nan"), -1.0)
+PVALS = (0.0, 0.5, 2.0, 7.0, float("nan"), -1.0, float("inf"), -float("inf"))
 PROTO = {"obs": np.zeros(2, np.float32), "step": 0}
 BUF = make_prioritised_buffer(CAP, priority_exponent=ALPHA, min_size=MIN, fanout=4)
 
@@ -50,7 +50,7 @@ class RefPrioritised:
     def set_priorities(self, indices, priorities):
         for i, p in zip(indices, priorities):
             if 0 <= i < self.size:
-                p = p if p > 0 else 0.0  # NaN and negatives count as 0
+                p = p if np.isfinite(p) and p > 0 else 0.0  # NaN, +-inf and negatives count as 0
                 self.weights[i] = p**ALPHA
                 self.max_priority = max(self.max_priority, p)
 
@@ -140,6 +140,18 @@ def test_duplicate_slots_keep_one_priority_and_a_consistent_tree():
     assert float(state.max_priority) == 9.0
     leaves = np.asarray(state.tree.levels[-1], np.float64)
     np.testing.assert_allclose(float(sumtree.total(state.tree)), leaves.sum(), rtol=1e-6)
+
+
+def test_non_finite_and_negative_priorities_count_as_zero():
+    """NaN, +-inf and negative priorities leave their slots at weight 0 and the maximum priority unchanged
+    (+inf used to make the total inf: probabilities 0/NaN and new items at an infinite priority)."""
+    state = ADD_BATCH(BUF.init(PROTO), make_items(0, CAP))
+    bad = [float("nan"), float("inf"), -float("inf"), -2.0]
+    state = SET_P(state, jnp.arange(5), jnp.array(bad + [4.0], jnp.float32))
+    np.testing.assert_allclose(np.asarray(state.tree.levels[-1][:CAP]), [0, 0, 0, 0, 4.0**ALPHA, 1, 1], rtol=1e-6)
+    assert float(state.max_priority) == 4.0 and bool(CAN_SAMPLE(state))
+    sample = SAMPLE(state, jax.random.key(0), 64)
+    assert np.all(np.asarray(sample.indices) >= 4) and np.all(np.isfinite(np.asarray(sample.probabilities)))
 
 
 def test_update_changes_items_and_keeps_priorities():

@@ -58,8 +58,10 @@ class SeqRef(RowsRef):
 
     def set_priorities(self, slots, priorities):
         for s, p in zip(slots, priorities):
-            self.prio[int(s)] = float(p) ** self.alpha
-        self.max_p = max(self.max_p, float(np.max(priorities)))
+            p = float(p) if np.isfinite(p) and p > 0 else 0.0  # NaN, +-inf and negatives count as 0
+            if 0 <= s < self.E * self.T:
+                self.prio[int(s)] = p ** self.alpha
+                self.max_p = max(self.max_p, p)
 
     def remaining(self, e, a) -> int:
         if a not in self.present(e):
@@ -296,6 +298,31 @@ def test_set_priorities_with_duplicates_stays_consistent():
     state = buf.add(state, {"x": np.full(1, 9, np.int32), "v": np.zeros((1, 2), np.float32),
                             "done": np.zeros(1, bool)}, np.array([0], np.int32))
     assert float(state.priority[4]) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("period", [1, 2])  # sum tree over every slot / over aligned slots only
+def test_non_finite_negative_and_out_of_range_priorities(period):
+    """NaN, +-inf and negative priorities count as 0 and slots outside [0, E*T) are ignored, as in the flat
+    prioritised buffer (a NaN or negative priority used to make the tree total NaN: can_sample False and
+    garbage samples; slot -1 used to write the last leaf's priority without its tree leaf)."""
+    cfg = {"period": period, "priority_exponent": 0.5}
+    buf, ref = jitted(make_sequence_buffer(E, T, L, **cfg)), SeqRef(cfg)
+    state, rng = buf.init(PROTO), np.random.default_rng(0)
+    for _ in range(T + 2):
+        ids = np.arange(E, dtype=np.int32)
+        steps = make_steps(ref, ids, rng, done_p=0.0)
+        state = buf.add(state, steps, ids)
+        ref.add(steps, ids)
+    slots = np.array([0, 2, 4, 6, 8, -1, E * T, 10], np.int32)
+    p = np.array([np.nan, np.inf, -np.inf, -3.0, 0.0, 50.0, 50.0, 4.0], np.float32)
+    state = buf.set_priorities(state, slots, p)
+    ref.set_priorities(slots, p)
+    w = ref.weights()
+    assert bool(buf.can_sample(state)) and float(state.max_priority) == 4.0
+    np.testing.assert_allclose(np.asarray(buf.buf.weights(state)), w, rtol=1e-5)
+    np.testing.assert_allclose(float(sumtree.total(state.tree)), w.sum(), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(buf.buf.priorities(state, slots))[:6], [0, 0, 0, 0, 0, 0])
+    check_sequences(buf.sample(state, jax.random.key(1), 64), ref, w)
 
 
 def test_bad_config_and_calls():
