@@ -2,6 +2,13 @@
 
 All checks run on static shapes/dtypes/tree structure, so they cost nothing at run time and fail while
 tracing with a message naming the offending leaf (its key path) and the expected vs received value.
+
+Dtype rule: a leaf's dtype is compared after JAX's canonicalisation, i.e. as `jax.jit` would receive it,
+so a buffer op accepts the same inputs eagerly and under jit. With `jax_enable_x64` off (the default)
+NumPy float64 / int64 / uint64 arrays are taken as float32 / int32 / uint32 (and cast); a strict check
+could not reject them under jit, where they arrive already converted. Any other difference is rejected
+(float64 for a float16 or int32 leaf, int32 for uint8, ...), except that Python scalars / weak-typed
+values of the same kind (int, float or bool) are cast.
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ def check_items(prototype, items, batch_dims: tuple[int, ...] | None, what: str 
     """Check `items` matches `prototype` with extra leading `batch_dims` on every leaf.
 
     `batch_dims=None` infers the leading dims from the first leaf (its ndim minus the prototype's) and
-    checks every leaf agrees. Returns the leading dims found. Dtypes must match exactly, except that
-    Python scalars/weak-typed values are cast (checked to be of the same kind: int, float or bool).
+    checks every leaf agrees. Returns the leading dims found. Dtypes must match after canonicalisation
+    (see the module docstring), except that Python scalars/weak-typed values of the same kind are cast.
     """
     proto_def = jax.tree_util.tree_structure(prototype)
     item_def = jax.tree_util.tree_structure(items)
@@ -72,14 +79,14 @@ def check_items(prototype, items, batch_dims: tuple[int, ...] | None, what: str 
                 f"{what} leaf {_path(path)}: expected shape {expected}, received {shape}"
                 f" (prototype leaf shape {spec.shape}, leading dims {tuple(lead)}{lead_from})"
             )
-        dtype = jnp.result_type(x)
+        dtype = jnp.result_type(x)  # canonical, as jit would see x (x64 off: float64 -> float32)
         weak = not hasattr(x, "dtype") or getattr(x, "weak_type", False)
         same_kind = jnp.issubdtype(dtype, jnp.floating) == jnp.issubdtype(spec.dtype, jnp.floating) and (
             jnp.issubdtype(dtype, jnp.bool_) == jnp.issubdtype(spec.dtype, jnp.bool_)
         )
         if dtype != spec.dtype and not (weak and same_kind):
             raise BufferInputError(
-                f"{what} leaf {_path(path)}: expected dtype {spec.dtype}, received {dtype}"
+                f"{what} leaf {_path(path)}: expected dtype {spec.dtype}, received {getattr(x, 'dtype', dtype)}"
             )
     return tuple(lead)
 

@@ -78,6 +78,31 @@ def test_dtype_mismatch_names_leaf_and_dtypes():
         checks.check_items(PROTO, {"obs": jnp.zeros(3), "action": 1.5, "done": False}, ())
 
 
+def test_64_bit_numpy_leaves_are_taken_as_jit_takes_them():
+    """The dtype rule (checks.py): NumPy float64 / int64 count as float32 / int32 (x64 off), eagerly exactly as
+    under jit, which converts them before any check could see them; other mismatches name the leaf and the
+    dtype received (a float64 array used to be reported as float32)."""
+    from buffers.rows import make_row_buffer
+
+    buf = make_row_buffer(2, 4)
+    state = buf.init({"obs": np.zeros(3, np.float32), "action": np.int32(0), "small": np.float16(0)})
+    steps = {"obs": np.full((2, 3), 0.1, np.float64), "action": np.array([7, 8], np.int64),
+             "small": np.ones(2, np.float16)}
+    ids = np.array([0, 1], np.int32)
+    eager, jitted = buf.add(state, steps, ids), jax.jit(buf.add)(state, steps, ids)
+    jax.tree.map(np.testing.assert_array_equal, eager, jitted)
+    assert eager.data["obs"].dtype == jnp.float32 and eager.data["action"].dtype == jnp.int32
+    np.testing.assert_array_equal(eager.data["obs"][:, 0], np.full((2, 3), 0.1, np.float32))
+    for leaf, bad, want in [("small", np.ones(2, np.float64), "float16"), ("action", np.ones(2), "int32"),
+                            ("obs", np.ones((2, 3), np.float16), "float32")]:
+        msg = rf"\['{leaf}'\]: expected dtype {want}, received {bad.dtype}"
+        with pytest.raises(BufferInputError, match=msg):
+            buf.add(state, {**steps, leaf: bad}, ids)
+        if bad.dtype != np.float64:  # jit hands float64 over as float32: the message names that dtype
+            with pytest.raises(BufferInputError, match=msg):
+                jax.jit(buf.add)(state, {**steps, leaf: bad}, ids)
+
+
 def test_checks_run_at_trace_time_under_jit():
     f = jax.jit(lambda x: checks.check_items(PROTO, x, ()) and 0)
     with pytest.raises(BufferInputError, match=r"\['obs'\]"):
