@@ -15,42 +15,7 @@ Columns per way: median wall ms/step over the repeats (the issue's measure), the
 process CPU ms/step; on a shared machine wall >> cpu means the run mostly waited for other jobs, and the
 targets are judged on all three. Impls whose states fit together in --interleave-gib are timed round-robin.
 
-Findings: the flashbax "cliff" (issue 3: 0.14 ms/step at 1M in one harness, 8 ms inside another jitted
-loop whose body also draws the new priorities, 0.2 ms as separate calls)
-
-1. It is a recompilation timed as step time. flashbax's `sum_tree.init` sets `max_recorded_priority =
-   jnp.array(1.0)`, a *weak-typed* float32. `add` keeps it weak (new items get `full_like(int indices,
-   max)`), but the first `set_priorities` with real float32 priorities (drawn in the body) returns it
-   strongly typed. So the state coming out of the first call of the jitted loop has another signature than
-   the one that went in, and the second call retraces and recompiles the whole loop (4-9 s on this CPU). A
-   harness that warms up once and times call 2 reports compile/K: with K=500 at 1M, measured 12.7 ms/step
-   on call 2, then 0.31 ms/step on call 3 (jit cache: 2 entries). As separate calls the recompilation
-   falls on call 2 of the warm-up, hence "0.2 ms as calls"; a body that never sets priorities (or sets weak
-   ones) never changes the signature. The steady-state HLO has no copy of the tree or the storage (only
-   scalars and [256] vectors are copied). Ours: every state leaf is strongly typed from `init`; this script
-   warms each workload up until its carry signature is stable and notes every impl that needed more than
-   one compile (ours never does).
-2. A real cliff behind it: flashbax's CPU path (`set_batch_scan`) is a lax.scan over the batch with a
-   fori_loop over the tree depth inside, ~16k sequential scalar iterations per add+sample+set step. It is
-   fast only because XLA:CPU's small-while-loop hoisting compiles each depth loop into one kernel, which it
-   refuses for loops that contain a scatter or touch more than `xla_cpu_small_while_loop_byte_threshold`
-   (1 kB). vmap over seeds turns the scalar `.at[].add` into a real scatter: the hoisted loops drop from 7
-   to 1 and the step costs ~10-20x more (2 seeds at 1M: 4-14 ms/step in a loop, 4-8 ms as calls, against
-   ours 0.5-1.3 ms in the same runs; see the prioritised-seeds case); with the hoisting disabled (threshold
-   0) it is 1.6 ms/step unvmapped. Our sum tree has no while loop (the only loops in our compiled step are jax's threefry RNG,
-   which jax lowers with rolled loops on CPU), so it has no such dependency.
-3. flashbax's other path, `set_batch_bincount` (its GPU/TPU choice), costs O(capacity) per update (a
-   bincount over all leaves): ~2.4 ms at 1M, ~50 ms at 10M. Also, new items get `full_like(int indices,
-   max_recorded_priority)`: the max priority is truncated to an integer (after p**alpha = 2.63 new items
-   get 2.0).
-
-4. Ours is sensitive to machine load in a way flashbax's scan path is not: XLA:CPU splits every op whose
-   *output* is large across threads, and an in-place scatter's output is the whole storage, so each of our
-   storage / sum-tree leaf scatters (and the XNNPACK-run prefix-sum matmuls) becomes a 2-thread task
-   (25 partitioned ops in our 1M step vs 6 in flashbax's). On a quiet machine ours wins (10M: 0.21 vs 0.27
-   ms/step in a loop); on a loaded one each such op waits for a second thread (10M: 2.1 ms wall for 0.55 ms
-   of CPU). Writing the contiguous add block with `lax.dynamic_update_slice` (split in two at the wrap)
-   instead of a scatter removes the partitioning of those writes.
+Findings (lab notes from past runs, e.g. the flashbax "cliff"): scripts/BENCH_FINDINGS.md.
 
 dejax 0.1.3's sample calls the removed `jnp.alltrue`: plain dejax is reported as FAILED with the error;
 a separately labelled "dejax (patched alltrue)" run aliases `jnp.alltrue = jnp.all` only while tracing
