@@ -23,11 +23,10 @@ from omegaconf.errors import OmegaConfBaseException
 from rl.distributed import DistributedConfig, MeshConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
-ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.sebulba"}  # module holding `EnvConfig`
-RUNNERS = {"gymnax": "rl.anakin", "envpool": "rl.sebulba"}  # module holding `train` and `restore_agent`
+ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.envpool_env"}  # module holding `EnvConfig`
 # Keys that may differ between a run and its resumption (they do not change what is computed).
 RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "mesh",
-                    "distributed")
+                    "distributed", "on_nonfinite")
 
 
 class ConfigError(ValueError):
@@ -72,7 +71,8 @@ class TrainConfig:
     num_envs: int = 10
     log_interval: int = 10_000  # env steps between host-side logs (one compiled chunk)
     eval_episodes: int = 10  # greedy episodes per seed at the end
-    resume: str | None = None  # a run dir to resume from
+    resume: str | None = None  # a run dir to resume from (its saved config is used; see rl/experiment.py)
+    on_nonfinite: str = "stop"  # NaN/Inf in a train metric or the params: stop (error) | skip the update
 
 
 ConfigStore.instance().store(name="base_config", node=TrainConfig)
@@ -136,33 +136,62 @@ def validate(cfg: DictConfig) -> tuple[Any, Any]:
     for key in ("seed", "eval_episodes", "checkpoint.interval"):
         _positive(cfg, key, minimum=0)
     _positive(cfg, "checkpoint.keep")
+    if cfg.get("on_nonfinite", "stop") not in ("stop", "skip"):
+        raise ConfigError(f"`on_nonfinite` must be stop or skip, got {cfg.on_nonfinite!r}")
     mode = OmegaConf.select(cfg, "logger.wandb.mode")
     if mode not in WANDB_MODES:
         raise ConfigError(f"`logger.wandb.mode` must be one of {WANDB_MODES}, got {mode!r}")
     return agent_config(cfg.agent), env_config(cfg.env)
 
 
-def _without(container: dict, keys: tuple[str, ...]) -> dict:
-    return {k: v for k, v in container.items() if k not in keys}
+def _diff(before: Any, now: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """`(dotted key, before, now)` for every leaf where two config containers differ."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        out = []
+        for k in sorted(set(before) | set(now)):
+            out += _diff(before.get(k, "<absent>"), now.get(k, "<absent>"), f"{prefix}{k}.")
+        return out
+    return [] if before == now else [(prefix[:-1], before, now)]
+
+
+def _refuse(diffs: list[tuple[str, Any, Any]]) -> None:
+    if not diffs:
+        return
+    keys = ", ".join(k for k, _, _ in diffs[:8]) + (f" (+{len(diffs) - 8} more)" if len(diffs) > 8 else "")
+    detail = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in diffs[:3])
+    raise ConfigError(f"cannot resume: {keys} differ from the saved run ({detail}). On resume only "
+                      f"{', '.join(RESUME_FREE_KEYS)} may change; start a new run to change the others.")
 
 
 def check_resumable(saved: dict, cfg: DictConfig) -> None:
-    """Raise a `ConfigError` listing the keys where `cfg` differs from the saved run's config (other than
+    """Raise a `ConfigError` naming the keys where `cfg` differs from the saved run's config (other than
     `RESUME_FREE_KEYS`, which may change on resume)."""
-    now = _without(OmegaConf.to_container(cfg, resolve=True), RESUME_FREE_KEYS)
-    before = _without(dict(saved), RESUME_FREE_KEYS)
+    now = OmegaConf.to_container(cfg, resolve=True)
+    _refuse([d for d in _diff(dict(saved), now) if d[0].split(".")[0] not in RESUME_FREE_KEYS])
+
+
+def resume_config(saved: dict, cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    """The config of a resumed run: the saved one, with the command line's `overrides` (already composed
+    into `cfg`) applied where they touch `RESUME_FREE_KEYS`. An override of any other key that changes
+    its saved value is refused (`ConfigError` naming the keys); repeating a saved value is fine."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    merged = OmegaConf.create(saved)
     diffs = []
-
-    def walk(a, b, prefix):
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                walk(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{prefix}{k}.")
-        elif a != b:
-            diffs.append(f"{prefix[:-1]}: saved {a!r}, now {b!r}")
-
-    walk(before, now, "")
-    if diffs:
-        raise ConfigError("cannot resume: the config differs from the saved run's:\n  " + "\n  ".join(diffs))
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group.lstrip("+~")
+        if key.startswith("hydra"):
+            continue
+        now = OmegaConf.select(cfg, key, default=None)
+        now = OmegaConf.to_container(now, resolve=True) if OmegaConf.is_config(now) else now
+        if key.split(".")[0] in RESUME_FREE_KEYS:
+            OmegaConf.update(merged, key, now, force_add=True, merge=False)
+            continue
+        before = OmegaConf.select(merged, key, default="<absent>")
+        before = OmegaConf.to_container(before, resolve=True) if OmegaConf.is_config(before) else before
+        diffs += _diff(before, now, f"{key}.")
+    _refuse(diffs)
+    return merged
 
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"

@@ -2,18 +2,14 @@
 
 * `evaluate(agent, agent_state, source, key)`: K = `source.num_envs` episodes in parallel, one per env,
   inside jit; returns returns `[K]` and lengths `[K]`. vmap it over seeds.
-* `evaluate_run(run_dir, episodes)`: load a training run's config and latest checkpoint (through the
-  `restore_agent(run_dir, num_eval_envs)` of the runner that trained it) and evaluate every seed;
-  returns returns `[S, K]` (what `python -m scripts.evaluate` prints).
+
+Saved runs of either source are evaluated by `rl.experiment.evaluate_run` (`python -m scripts.evaluate`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rl.agent import reset_carry
 
@@ -59,17 +55,3 @@ def evaluate_seeds(agent, agent_states, source, key: jax.Array):
     keys = jax.random.split(key, num_seeds)
     fn = jax.jit(jax.vmap(lambda s, k: evaluate(agent, s, source, k)))
     return fn(agent_states, keys)
-
-
-def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.ndarray:
-    """Greedy returns `[S, episodes]` of every seed of the training run saved in `run_dir`."""
-    import importlib
-
-    from rl.checkpoint import read_meta
-    from rl.config import RUNNERS
-
-    source_name = read_meta(run_dir)["config"]["env"]["source"]
-    restore_agent = importlib.import_module(RUNNERS[source_name]).restore_agent
-    agent, agent_states, source = restore_agent(run_dir, num_eval_envs=episodes)
-    returns, _ = evaluate_seeds(agent, agent_states, source, jax.random.PRNGKey(seed))
-    return np.asarray(returns)

@@ -1,7 +1,7 @@
 """Evaluate a trained run: `python -m scripts.evaluate <run dir> [--episodes K] [--seed N]`.
 
 Loads the run's config and newest checkpoint, runs K greedy episodes per trained seed and prints the
-returns (mean, std, min, max per seed). From Python: `rl.evaluate.evaluate_run(run_dir, episodes)`.
+returns (mean, std, min, max per seed). Works for runs of both sources. From Python: `rl.evaluate_run(run_dir, episodes)`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from rl.evaluate import evaluate_run
+from rl.experiment import evaluate_run
 
 
 def main(argv: list[str] | None = None) -> np.ndarray:

@@ -1,43 +1,40 @@
 """Train an agent: `python -m scripts.train agent=dqn env=cartpole [key=value ...]`.
 
-Picks the runner from `env.source` (gymnax -> rl.anakin, envpool -> rl.sebulba), writes metrics, the
-checkpoint and the learning curve into hydra's run directory and prints where they are.
+Builds the runner of `env.source` (gymnax -> Anakin, envpool -> Sebulba) through rl/experiment.py and
+writes metrics, checkpoints and the learning curve into hydra's run directory (or, with `resume=<run dir>`,
+into that run's directory). Exit codes: 0 done; 1 a config error (its message, no traceback; set
+HYDRA_FULL_ERROR=1 for one); 128 + signal number after SIGTERM/SIGINT/SIGUSR2, once the current chunk is
+checkpointed (the resume command is printed).
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-from pathlib import Path
+import os
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from rl import distributed
-from rl.config import RUNNERS, validate
+from rl.config import ConfigError
+from rl.experiment import run
+from rl.loop import Preempted
 from rl.sweep import objective
-
-
-def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    """Validate `cfg`, then train with the runner of `cfg.env.source`, writing into `run_dir`."""
-    distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
-    validate(cfg)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
-    from rl.logging import RunLogger
-
-    runner = importlib.import_module(RUNNERS[cfg.env.source])
-    logger = RunLogger(cfg, run_dir)
-    try:
-        return runner.train(cfg, logger)
-    finally:
-        logger.close()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Returns the run's objective (mean greedy eval return) for sweepers such as Optuna."""
-    return objective(run(cfg, HydraConfig.get().runtime.output_dir))
+    hc = HydraConfig.get()
+    try:
+        return objective(run(cfg, hc.runtime.output_dir, list(hc.overrides.task)))
+    except ConfigError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except Preempted as e:
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

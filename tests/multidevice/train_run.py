@@ -15,12 +15,12 @@ import numpy as np
 
 from rl import sharding
 from rl.config import compose
-from scripts.train import run
+from rl.experiment import run
 
 
 def main(out: str, run_dir: str, overrides: list[str]) -> None:
     result = run(compose(overrides), run_dir)
-    state = result["state"]
+    state = result["state"][0]  # Anakin: (RunnerState, iteration counter)
     params = sharding.to_host(state.agent.params)
     specs = {name: sorted({str(x.sharding.spec) if hasattr(x.sharding, "spec") else "single"
                            for x in jax.tree_util.tree_leaves(getattr(state, name))})

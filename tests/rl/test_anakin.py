@@ -9,7 +9,7 @@ import numpy as np
 
 from buffers.sequences import make_sequence_buffer
 from rl.anakin import Anakin
-from scripts.train import run
+from rl.experiment import build, run
 
 
 def _leaves(tree):
@@ -22,16 +22,17 @@ def test_resume_is_bit_exact(tiny_cfg, tmp_path):
     common = ("seeds=2", "log_interval=400")
     straight = run(tiny_cfg(*common, "total_steps=1600"), tmp_path / "straight")
     first = run(tiny_cfg(*common, "total_steps=800"), tmp_path / "first")
-    resumed = run(tiny_cfg(*common, "total_steps=1600", f"resume={tmp_path / 'first'}"), tmp_path / "resumed")
+    resumed = run(tiny_cfg(*common, "total_steps=1600", f"resume={tmp_path / 'first'}"), tmp_path / "unused")
     assert first["env_steps"] == 800 and resumed["env_steps"] == straight["env_steps"] == 1600
     a, b = _leaves(straight["state"]), _leaves(resumed["state"])
     assert len(a) == len(b)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
-    assert int(resumed["state"].agent.updates[0]) > 0  # training happened on both sides of the resume
+    assert int(resumed["state"][0].agent.updates[0]) > 0  # training happened on both sides of the resume
     assert straight["eval_returns"] == resumed["eval_returns"]
-    # The resumed run carries the metric history over: same rows as the straight run.
-    assert (tmp_path / "straight" / "metrics.csv").read_text() == (tmp_path / "resumed" / "metrics.csv").read_text()
+    # The resumed run continues in its own run dir: one metrics.csv with the same rows as the straight run.
+    assert resumed["run_dir"] == str(tmp_path / "first") and not (tmp_path / "unused").exists()
+    assert (tmp_path / "straight" / "metrics.csv").read_text() == (tmp_path / "first" / "metrics.csv").read_text()
 
 
 class CountingAgent:
@@ -84,7 +85,7 @@ def test_recurrent_carry_is_reset_on_done(tiny_cfg):
 
 
 def test_chunk_has_no_host_round_trips(tiny_cfg):
-    runner = Anakin(tiny_cfg("seeds=2"))
+    runner = build(tiny_cfg("seeds=2"))
     state, it = runner.init()
     jaxpr = str(jax.make_jaxpr(runner._chunk, static_argnums=2)(state, it, 3))
     for primitive in ("callback", "io_callback", "debug_print", "outfeed"):
@@ -93,8 +94,8 @@ def test_chunk_has_no_host_round_trips(tiny_cfg):
 
 def test_seeds_are_independent_streams(tiny_cfg):
     """Seed i of a vmapped run starts like a single run with seed = cfg.seed + i; seeds differ."""
-    two = Anakin(tiny_cfg("seeds=2", "seed=5"))
-    one = Anakin(tiny_cfg("seeds=1", "seed=6"))
+    two = build(tiny_cfg("seeds=2", "seed=5"))
+    one = build(tiny_cfg("seeds=1", "seed=6"))
     (s2, _), (s1, _) = two.init(), one.init()
     for x, y in zip(_leaves(s2.agent.params), _leaves(s1.agent.params)):
         np.testing.assert_array_equal(x[1], y[0])

@@ -1,0 +1,123 @@
+"""The one wiring place: a composed config -> env source, agent, runner -> the host loop (rl/loop.py).
+
+This is the only module under rl/ that imports `agents`. `scripts/train.py`, `scripts/evaluate.py` and the
+Python entry points call it:
+
+* `train(*overrides, run_dir=None) -> dict`: what `python -m scripts.train <overrides>` does, from Python
+  (`rl.train("agent=dqn", "env=cartpole", "total_steps=20000")`); returns the host loop's result dict
+  (final state included).
+* `run(cfg, run_dir, overrides=None) -> dict`: train a composed config into `run_dir`.
+* `evaluate_run(run_dir, episodes, seed) -> [S, episodes]`: greedy returns of a saved run, either source.
+* `build(cfg) -> runner`: the runner (`rl.anakin.Anakin` for gymnax, `rl.sebulba.Sebulba` for envpool)
+  with its source and agent.
+
+Resuming (`resume=<run dir>`): the saved run's config is used; `overrides` (the command line) may change
+only `rl.config.RESUME_FREE_KEYS` (total_steps, logging, checkpoint cadence, eval episodes, ...), anything
+else that differs is refused naming the keys. The run continues in the saved run dir (metrics.csv
+appended, the same wandb run). A run dir holding a checkpoint but no summary.json (a run that was stopped,
+e.g. requeued by SLURM into the same dir) is resumed from it automatically.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from agents import make_agent
+from rl import checkpoint, loop
+from rl.config import agent_config, check_resumable, compose, env_config, resume_config, validate
+
+
+def _source(cfg: DictConfig):
+    env_cfg = env_config(cfg.env)
+    if env_cfg.source == "envpool":
+        from rl.envpool_env import build_source
+
+        return build_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))
+    from rl.gymnax_source import make_source
+
+    return make_source(env_cfg, int(cfg.num_envs))
+
+
+def build(cfg: DictConfig):
+    """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
+    validate(cfg)
+    source = _source(cfg)
+    agent = make_agent(agent_config(cfg.agent), obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
+                       num_actions=source.num_actions, num_envs=source.num_envs)
+    if cfg.env.source == "envpool":
+        from rl.sebulba import Sebulba
+
+        return Sebulba(cfg, agent, source)
+    from rl.anakin import Anakin
+
+    return Anakin(cfg, agent)
+
+
+def _unfinished(run_dir: Path) -> bool:
+    return checkpoint.latest_step(run_dir) is not None and not (run_dir / "summary.json").exists()
+
+
+def prepare(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None):
+    """`(cfg, run_dir, resume_from)` after resolving `cfg.resume` (see the module docstring)."""
+    run_dir = Path(run_dir)
+    if cfg.resume is None and _unfinished(run_dir):
+        cfg = OmegaConf.merge(cfg, {"resume": str(run_dir)})
+    if cfg.resume is None:
+        return cfg, run_dir, None
+    resume_dir = Path(cfg.resume)
+    saved = checkpoint.read_meta(resume_dir)["config"]
+    if overrides is None:
+        check_resumable(saved, cfg)
+    else:
+        cfg = resume_config(saved, cfg, overrides)
+    cfg.resume = str(resume_dir)
+    return cfg, resume_dir, resume_dir
+
+
+def _warn_idle(cfg: DictConfig, runner, note) -> None:
+    starts, total = int(runner.agent.learning_starts), int(cfg.total_steps)
+    if starts >= total:
+        note(f"warning: total_steps={total} <= the agent's learning_starts={starts}: no train step will run "
+             f"(set agent.learning_starts lower or total_steps higher)")
+
+
+def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict:
+    """Train `cfg` into `run_dir` (or continue the run it resumes); returns the host loop's result dict.
+
+    `overrides`: the command line that composed `cfg` (used to resume: see the module docstring); None
+    compares the whole config with a resumed run's."""
+    from rl import distributed
+    from rl.logging import RunLogger
+
+    distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
+    cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
+    runner = build(cfg)
+    logger = RunLogger(cfg, run_dir)
+    try:
+        _warn_idle(cfg, runner, logger.note)
+        return loop.run(cfg, runner, logger, resume_from)
+    finally:
+        logger.close()
+
+
+def train(*overrides: str, run_dir: str | Path | None = None) -> dict:
+    """`python -m scripts.train <overrides>` from Python; the run dir defaults to outputs/<date>/<time>."""
+    import time
+
+    cfg = compose(list(overrides))
+    run_dir = run_dir or Path("outputs") / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+    return run(cfg, run_dir, list(overrides))
+
+
+def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Greedy returns `[S, episodes]` of every seed of the run saved in `run_dir` (either source)."""
+    cfg = OmegaConf.create(checkpoint.read_meta(run_dir)["config"])
+    runner = build(cfg)
+    state, _ = checkpoint.restore(run_dir, runner.restore_target())
+    return runner.evaluate(runner.place(state), episodes, jax.random.PRNGKey(seed))

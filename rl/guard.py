@@ -1,0 +1,79 @@
+"""Non-finite guard: NaN/Inf in a train step's metrics or in the updated agent state, found inside jit.
+
+`guard(train_step, mode)` wraps an agent's `train_step(state, buffer_state, key)` and returns
+`(state, buffer_state, metrics, bad)` where `bad` maps every metric name and `"params"` (any float leaf
+of the updated agent state) to a bool scalar: True when that value is not finite after this update.
+No host round-trip: runners reduce `bad` over a chunk with `first_bad_step` and the host loop reads it
+with the chunk's other metrics (rl/loop.py).
+
+* `mode="stop"` (default of `on_nonfinite`): the update is applied as computed; the host loop raises a
+  `NonFiniteError` at the end of the chunk, naming the metric and the env step, without checkpointing the
+  state (the last checkpoint on disk is the last finite one).
+* `mode="skip"`: a non-finite update is dropped (the agent state before it is kept; the buffer's writes,
+  e.g. priorities, are kept: a non-finite priority counts as 0, see buffers/priorities.py); the count of
+  dropped updates is logged as `train/skipped`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+MODES = ("stop", "skip")
+NOT_SEEN = -1  # `first_bad_step` value of a metric that stayed finite
+
+
+class NonFiniteError(FloatingPointError):
+    """A train metric or the agent's parameters became NaN/Inf; the message names which and when."""
+
+
+def all_finite(tree) -> jax.Array:
+    """True iff every floating-point leaf of `tree` is finite (bool scalar)."""
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    if not leaves:
+        return jnp.bool_(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def guard(train_step: Callable, mode: str = "stop") -> Callable:
+    """`train_step` with non-finite detection (and, for `skip`, rejection) of its update."""
+    if mode not in MODES:
+        raise ValueError(f"on_nonfinite must be one of {MODES}, got {mode!r}")
+
+    def step(state, buffer_state, key):
+        new_state, buffer_state, metrics = train_step(state, buffer_state, key)
+        bad = {k: ~jnp.all(jnp.isfinite(jnp.asarray(v))) for k, v in metrics.items()}
+        bad["params"] = ~all_finite(new_state)
+        if mode == "skip":
+            reject = jnp.any(jnp.stack(list(bad.values())))
+            new_state = jax.tree_util.tree_map(lambda old, new: jnp.where(reject, old, new), state, new_state)
+            metrics = {**metrics, "skipped": reject.astype(jnp.float32)}
+        return new_state, buffer_state, metrics, bad
+
+    return step
+
+
+def first_bad_step(bad: dict[str, jax.Array], steps: jax.Array) -> dict[str, jax.Array]:
+    """Per name, the first of `steps` ([N], env step of each update) where `bad[name]` ([N, ...]) is set in
+    any seed, or `NOT_SEEN`: `{name: int32 scalar}`."""
+    out = {}
+    for k, b in bad.items():
+        hit = b.reshape(b.shape[0], -1).any(axis=1)
+        out[k] = jnp.where(hit.any(), steps[jnp.argmax(hit)], NOT_SEEN).astype(jnp.int32)
+    return out
+
+
+def check(first_bad: dict[str, int]) -> None:
+    """Raise `NonFiniteError` for the earliest non-finite value of a chunk's `first_bad_step` result."""
+    seen = {k: int(v) for k, v in first_bad.items() if int(v) != NOT_SEEN}
+    if not seen:
+        return
+    name, step = min(seen.items(), key=lambda kv: (kv[1], kv[0] != "loss"))
+    what = "the agent's parameters" if name == "params" else f"train metric `{name}`"
+    others = sorted(k for k in seen if k != name)
+    raise NonFiniteError(
+        f"{what} became non-finite (NaN/Inf) at env step {step}" + (f" (also: {', '.join(others)})" if others else "")
+        + ". Training stopped; the last checkpoint on disk holds the last finite state. Lower the learning rate or "
+        "set on_nonfinite=skip to drop such updates.")

@@ -1,0 +1,160 @@
+"""The Sebulba actor: the compiled rollout of K recvs and the thread that runs it.
+
+`Rollout(agent, source, recvs_per_chunk, use_xla)` compiles one actor chunk: K x [recv -> `track` -> act
+-> `make_step` -> send] (rl/envpool_source.py). With `use_xla` the K steps are one `lax.scan` over
+envpool's XLA handle inside jit; otherwise one jitted call per recv between the host's `recv()` and
+`send()`. Each chunk's per-recv keys come from `fold_in(key, chunk index)` inside jit.
+
+`ActorThread` runs rollouts into a bounded queue until stopped. It acts with the newest agent state
+published to its `Mailbox` (the learner donates its own state into every update, so it publishes copies)
+and never waits for the learner except on a full queue. Errors are kept and re-raised by `get()` on the
+learner's thread.
+
+Shapes: E = num_envs, M = envs per recv, K = recvs per chunk.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from rl.envpool_source import EnvpoolSource, Episodes, Recv, init_tracker, track
+
+
+@struct.dataclass
+class Chunk:
+    """What the actor hands the learner for K recvs of M envs: steps `[K, M, ...]`, env_ids / mask `[K, M]`,
+    episodes that ended `[K, M]`."""
+
+    steps: Any
+    env_ids: jax.Array
+    mask: jax.Array
+    episodes: Episodes
+
+
+def new_tracker(agent, agent_state, source: EnvpoolSource, explore: bool = True):
+    """A fresh `Tracker` for the envs of `source`, with the agent's carry and (zero) act extras."""
+    m = source.batch_size
+    obs = jnp.zeros((m,) + source.obs_shape, source.obs_dtype)
+    extras = jax.eval_shape(lambda s, o: agent.act(s, o, agent.initial_carry(m), jax.random.PRNGKey(0),
+                                                   jnp.arange(m), explore=explore)[2], agent_state, obs)
+    extras = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape[1:], x.dtype), extras)
+    return init_tracker(source.num_envs, source.obs_example(), agent.initial_carry(source.num_envs), extras)
+
+
+class Rollout:
+    """`rollout(tracker, acting, key, index) -> (tracker, Chunk)`: one actor chunk (see the module doc)."""
+
+    def __init__(self, agent, source: EnvpoolSource, recvs_per_chunk: int, use_xla: bool):
+        self.agent, self.source, self.k, self.use_xla = agent, source, int(recvs_per_chunk), use_xla
+        self.batch = source.batch_size
+        self._keys = jax.jit(self._chunk_keys)
+        self._act = jax.jit(self.act_step, donate_argnums=0)
+        self._stack = jax.jit(lambda rows: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *rows))
+        self._handle = None
+        if use_xla:
+            self._handle, self._recv, self._send = source.xla()
+            self._scan = jax.jit(self._scan_fn, donate_argnums=1)
+
+    def _chunk_keys(self, key, index):
+        return jax.random.split(jax.random.fold_in(key, index), self.k)
+
+    def act_step(self, tracker, acting, recv: Recv, key):
+        """One recv: bookkeeping, policy, step-format data. Returns (tracker, actions [M], Chunk row)."""
+        agent = self.agent
+        obs = self.source.observation(jnp.asarray(recv.obs))
+
+        def act(o, carry):
+            return agent.act(acting, o, carry, key, recv.env_id)
+
+        tracker, actions, tr, episodes = track(tracker, recv, obs, act, agent.initial_carry(self.batch))
+        steps = agent.make_step(tr.obs, tr.action, tr.reward, tr.terminated, tr.truncated, tr.next_obs,
+                                tr.carry, tr.extras)
+        return tracker, actions, Chunk(steps=steps, env_ids=recv.env_id, mask=tr.valid, episodes=episodes)
+
+    def _scan_fn(self, handle, tracker, acting, key, index):
+        def body(c, k):
+            handle, tracker = c
+            handle, r = self._recv(handle)
+            tracker, actions, row = self.act_step(tracker, acting, r, k)
+            return (self._send(handle, actions, r.env_id), tracker), row
+
+        (handle, tracker), chunk = jax.lax.scan(body, (handle, tracker), self._chunk_keys(key, index))
+        return handle, tracker, chunk
+
+    def __call__(self, tracker, acting, key, index: int):
+        if self.use_xla:
+            self._handle, tracker, chunk = self._scan(self._handle, tracker, acting, key, np.int32(index))
+            return tracker, chunk
+        rows = []
+        for k in self._keys(key, np.int32(index)):
+            r = self.source.recv()
+            tracker, actions, row = self._act(tracker, acting, r, k)
+            self.source.send(np.asarray(actions), r.env_id)
+            rows.append(row)
+        return tracker, self._stack(rows)
+
+
+class Mailbox:
+    """The newest value put, for a reader on another thread (no history, never blocks)."""
+
+    def __init__(self, value):
+        self._value, self._lock = value, threading.Lock()
+
+    def put(self, value) -> None:
+        with self._lock:
+            self._value = value
+
+    def get(self):
+        with self._lock:
+            return self._value
+
+
+class ActorThread(threading.Thread):
+    """Runs `rollout` into a queue of at most `queue_size` chunks until `finish()`."""
+
+    def __init__(self, rollout: Rollout, tracker, acting: Mailbox, key, queue_size: int, first_index: int = 0):
+        super().__init__(daemon=True, name="sebulba-actor")
+        self.rollout, self.tracker, self.acting, self.key = rollout, tracker, acting, key
+        self.chunks: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.index = first_index
+
+    def run(self):
+        try:
+            self.rollout.source.reset()
+            tracker = self.tracker
+            while not self._stop_event.is_set():
+                tracker, chunk = self.rollout(tracker, self.acting.get(), self.key, self.index)
+                self.index += 1
+                while not self._stop_event.is_set():
+                    try:
+                        self.chunks.put(chunk, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # noqa: BLE001 - handed to the learner thread, which re-raises
+            self.error = e
+            self._stop_event.set()
+
+    def get(self) -> Chunk:
+        """Next chunk (blocks); re-raises an actor error."""
+        while True:
+            if self.error is not None:
+                raise RuntimeError("the Sebulba actor thread failed") from self.error
+            try:
+                return self.chunks.get(timeout=0.05)
+            except queue.Empty:
+                if not self.is_alive() and self.error is None:
+                    raise RuntimeError("the Sebulba actor thread stopped without producing a chunk") from None
+
+    def finish(self) -> None:
+        self._stop_event.set()
+        self.join()
