@@ -27,7 +27,7 @@ from scripts.bench_common import format_table, print_json_line
 
 
 def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
-    from rl.sebulba import EnvConfig, build_source
+    from rl.envpool_env import EnvConfig, build_source
 
     source = build_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
     env, n_act, rng = source.env, source.num_actions, np.random.default_rng(0)
@@ -50,7 +50,7 @@ def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
 
 
 def raw_xla_sps(task: str, num_envs: int, batch: int, seconds: float, k: int = 256) -> float:
-    from rl.sebulba import EnvConfig, build_source
+    from rl.envpool_env import EnvConfig, build_source
 
     source = build_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
     handle, recv, send = source.xla()
@@ -75,27 +75,17 @@ def raw_xla_sps(task: str, num_envs: int, batch: int, seconds: float, k: int = 2
     return sps
 
 
-class _Done(Exception):
-    pass
-
-
 def pipeline_sps(task: str, num_envs: int, batch: int, seconds: float, xla: bool, learn: bool,
                  policy: bool = True, overrides: tuple[str, ...] = ()) -> float:
-    """Env steps per second of `rl.sebulba.run_loop` over `seconds` after a warm-up window."""
-    from hydra import compose, initialize_config_dir
+    """Env steps per second of a Sebulba session (actor thread + learner) over `seconds` after a warm-up."""
+    from rl.config import compose
+    from rl.experiment import build
 
-    import rl.config  # noqa: F401 - registers the structured base config
-    from rl import sebulba
-
-    config_dir = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
     env_group = {"CartPole-v1": "cartpole", "Pong-v5": "pong", "Breakout-v5": "breakout"}.get(task, "cartpole")
-    with initialize_config_dir(version_base="1.3", config_dir=config_dir):
-        cfg = compose("config", overrides=[
-            "agent=dqn", f"env=envpool/{env_group}", f"env.id={task}", f"num_envs={num_envs}",
-            f"env.batch_size={batch}", f"env.xla={'on' if xla else 'off'}", "agent.learning_starts=1000",
-            *overrides])
-    runner, env_cfg = sebulba.build(cfg)
-    agent_state, buffer_state, key, actor_key = sebulba.init_state(runner, 0)
+    cfg = compose(["agent=dqn", f"env=envpool/{env_group}", f"env.id={task}", f"num_envs={num_envs}",
+                   f"env.batch_size={batch}", f"env.xla={'on' if xla else 'off'}", "agent.learning_starts=1000",
+                   *overrides])
+    runner = build(cfg)
     if not policy:  # random actions: the loop's own cost, without network inference
         agent = runner.agent
 
@@ -106,23 +96,13 @@ def pipeline_sps(task: str, num_envs: int, batch: int, seconds: float, xla: bool
             def act(self, state, obs, carry, key, env_ids, explore=True):
                 return jax.random.randint(key, obs.shape[:1], 0, runner.source.num_actions, jnp.int32), carry, {}
 
-        runner.agent = RandomPolicy()
-    marks = []
-    warm = max(seconds / 3, 2.0)
-
-    def on_chunk(step, state, totals):
-        marks.append((time.perf_counter(), step))
-        t_first = marks[0][0]
-        if marks[-1][0] - t_first > warm + seconds:
-            raise _Done
-        return totals
-
-    try:
-        sebulba.run_loop(runner, agent_state, buffer_state, key, actor_key, 0, 10**12, env_cfg.sync_interval,
-                         env_cfg.queue_size, learn=learn, on_chunk=on_chunk)
-    except _Done:
-        pass
-    runner.source.close()
+        runner.rollout.agent = RandomPolicy()
+    marks, warm = [], max(seconds / 3, 2.0)
+    state, env_steps = runner.init(), 0
+    with runner.session(state, 0, learn=learn) as session:
+        while not marks or marks[-1][0] - marks[0][0] <= warm + seconds:
+            state, env_steps, _ = session.advance(state, env_steps, env_steps + 1)  # one actor chunk
+            marks.append((time.perf_counter(), env_steps))
     start = next(m for m in marks if m[0] - marks[0][0] >= warm)
     if learn:  # measure only once training is on
         assert start[1] >= 1000, "learning must have started within the warm-up window"

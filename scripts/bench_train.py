@@ -138,11 +138,11 @@ def _block(tree):
 
 def bench_runner(overrides: list[str], seeds: int, steps: int) -> dict:
     """Compile time and SPS of the Anakin runner for `steps` env steps per seed."""
-    from rl.anakin import Anakin
+    from rl.experiment import build
 
     cfg = compose([*overrides, f"seeds={seeds}", f"total_steps={steps}", "logger=none"])
     validate(cfg)
-    runner = Anakin(cfg)
+    runner = build(cfg)
     iters = runner.total_iters
     state, it = _block(runner.init())
     t0 = time.perf_counter()

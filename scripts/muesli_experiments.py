@@ -67,7 +67,7 @@ def summary(run_dir: str | Path, threshold: float) -> list[dict]:
 
 def train(agent: str, steps: int, seeds: int, run_dir: Path, overrides: list[str]) -> dict:
     from rl.config import compose
-    from scripts.train import run
+    from rl.experiment import run
 
     cfg = compose([f"agent={agent}", "env=breakout-minatar", f"total_steps={steps}", f"seeds={seeds}",
                    "logger=none", *overrides])

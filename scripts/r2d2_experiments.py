@@ -36,11 +36,11 @@ def _block(tree):
 
 def buffer_share(overrides: list[str], updates: int) -> dict:
     """Seconds per train step and per sample+set_priorities on a full buffer (one seed, jitted scans)."""
-    from rl.anakin import Anakin
+    from rl.experiment import build
 
     cfg = compose([*overrides, "seeds=1", "logger=none"])
     validate(cfg)
-    runner = Anakin(cfg)
+    runner = build(cfg)
     agent = runner.agent
     state, _ = runner.init()
     s = jax.tree_util.tree_map(lambda x: x[0], state)  # one seed
@@ -94,7 +94,7 @@ def buffer_share(overrides: list[str], updates: int) -> dict:
 def memory_chain(length: int, budget: int, eval_every: int, eval_episodes: int, solve: float,
                  overrides: list[str], seed: int) -> dict:
     """Train on MemoryChain with `memory_length=length` until solved or `budget` env steps per seed."""
-    from rl.anakin import Anakin
+    from rl.experiment import build
 
     episode = length + 1
     train_len = 2 * episode
@@ -106,7 +106,7 @@ def memory_chain(length: int, budget: int, eval_every: int, eval_episodes: int, 
         "logger=none", *overrides,
     ])
     validate(cfg)
-    runner = Anakin(cfg)
+    runner = build(cfg)
     state, it = runner.init()
     chunk_iters = max(eval_every // runner.steps_per_iter, 1)
     total_iters = math.ceil(budget / runner.steps_per_iter)

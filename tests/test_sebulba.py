@@ -11,8 +11,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import rl.config  # registers the structured base config
-from rl import sebulba
-from rl.config import ConfigError
+from agents import make_agent
+from rl.config import ConfigError, agent_config
+from rl.experiment import build
+from rl.sebulba_actor import Rollout, new_tracker
+from rl.sebulba_learner import Learner
 from rl.envpool_source import EnvpoolSource, Recv
 from tests.test_envpool_source import MAX_STEPS, check_cartpole_rows
 
@@ -47,10 +50,12 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
     cfg = compose_cfg(f"num_envs={E}", f"agent.buffer_size={E * 200}")
     source = EnvpoolSource(env=None, task_id="synthetic", num_envs=E, batch_size=M, obs_shape=(4,),
                            obs_dtype=np.dtype(np.float32), num_actions=2, atari=False)
-    agent = sebulba.make_agent(cfg.agent, obs_shape=(4,), obs_dtype=np.float32, num_actions=2, num_envs=E)
-    runner = sebulba.Sebulba(agent, source, recvs_per_chunk=1, use_xla=False)
-    agent_state, buffer_state, key, _ = sebulba.init_state(runner, 0)
-    tracker = runner.init_tracker(agent_state)
+    agent = make_agent(agent_config(cfg.agent), obs_shape=(4,), obs_dtype=np.float32, num_actions=2, num_envs=E)
+    rollout, learner = Rollout(agent, source, recvs_per_chunk=1, use_xla=False), Learner(agent, E)
+    agent_state = agent.init(jax.random.PRNGKey(0), np.zeros(4, np.float32))
+    buffer_state = agent.buffer.init(agent.step_prototype(np.zeros(4, np.float32)))
+    key = jax.random.PRNGKey(1)
+    tracker = new_tracker(agent, agent_state, source)
 
     rng = np.random.default_rng(0)
     seen = np.zeros(E, int)  # recvs per env so far
@@ -69,7 +74,7 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
         trunc = ~reset & ~term & (rng.random(M) < 0.1)
         recv = Recv(obs=obs, reward=reward, terminated=term, truncated=trunc, env_id=ids,
                     score=reward, episode_over=term | trunc)
-        tracker, actions, row = runner._act_step(tracker, agent_state, recv, jax.random.PRNGKey(t))
+        tracker, actions, row = rollout._act(tracker, agent_state, recv, jax.random.PRNGKey(t))
         actions = np.asarray(actions)
         for j, e in enumerate(ids):
             if not reset[j]:
@@ -80,10 +85,10 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
         after_done[ids] = term | trunc
         rows.append(row)
     assert len(orders) > T // 2  # the recv order really varied
-    chunk = runner._stack(rows)
-    totals = runner.zero_totals(agent_state, buffer_state)
-    agent_state, buffer_state, key, totals = runner.update(agent_state, buffer_state, key, totals, chunk,
-                                                           np.int32(0))
+    chunk = rollout._stack(rows)
+    totals = learner.zero_totals(agent_state, buffer_state)
+    agent_state, buffer_state, key, totals = learner.update(agent_state, buffer_state, key, totals, chunk,
+                                                            np.int32(0), np.int32(0))
     data, written = rows_of(buffer_state)
     for e in range(E):
         assert written[e] == len(ref[e]), f"env {e}: {written[e]} steps written, reference has {len(ref[e])}"
@@ -103,21 +108,19 @@ def test_host_loop_pipeline_rows_follow_cartpole_dynamics():
     trajectory in time order (dynamics, episode ends, resets)."""
     cfg = compose_cfg("num_envs=16", "env.batch_size=8", f"env.max_episode_steps={MAX_STEPS}", "env.xla=off",
                       "env.recvs_per_chunk=8", "agent.buffer_size=8192")
-    runner, _ = sebulba.build(cfg)
-    assert not runner.use_xla
-    agent_state, buffer_state, key, actor_key = sebulba.init_state(runner, 0)
-    agent_state, buffer_state, key, env_steps, totals = sebulba.run_loop(
-        runner, agent_state, buffer_state, key, actor_key, 0, 4096, 1, 2, learn=False)
-    runner.source.close()
+    runner = build(cfg)
+    assert not runner.rollout.use_xla
+    with runner.session(runner.init(), 0, learn=False) as session:
+        state, env_steps, out = session.advance(runner.init(), 0, 4096)
     assert env_steps == 4096
-    rows = transitions_per_env(buffer_state)
+    rows = transitions_per_env(state["buffer"])
     check_cartpole_rows(rows)
     written = sum(len(r) for r in rows.values())
     dones = sum(int(t[3] or t[4]) for r in rows.values() for t in r)
     # Every recv is a transition except the reset steps: one per env at the start and one after each done
     # (but maybe not yet for the last done of an env).
     assert 4096 - 16 - dones <= written <= 4096 - dones
-    assert float(totals.episodes) == dones and int(totals.updates) == 0
+    assert float(out["episodes"][0]) == dones and np.isnan(out["train/loss"][0])  # no update ran
 
 
 def test_replay_ratio_matches_anakin_schedule():
@@ -126,7 +129,7 @@ def test_replay_ratio_matches_anakin_schedule():
     class A:
         train_interval, learning_starts = 2, 100
 
-    runner = sebulba.Sebulba.__new__(sebulba.Sebulba)
+    runner = Learner.__new__(Learner)
     runner.agent, runner.steps_per_update = A(), 8 * 2
     # Anakin: iteration i (every 16 env steps) trains when i >= ceil(100 / 16) = 7.
     for steps in (0, 16 * 6, 16 * 7 - 1, 16 * 7, 16 * 7 + 15, 16 * 50):
@@ -136,11 +139,11 @@ def test_replay_ratio_matches_anakin_schedule():
 
 def test_config_errors():
     with pytest.raises(ConfigError, match="one seed per run"):
-        sebulba.build(compose_cfg("seeds=2"))
+        build(compose_cfg("seeds=2"))
     with pytest.raises(ConfigError, match="env.xla must be auto, on or off"):
         rl.config.validate(compose_cfg("env.xla=maybe"))
     with pytest.raises(ConfigError, match="exceeds num_envs"):
-        sebulba.build(compose_cfg("num_envs=4", "env.batch_size=8"))
+        build(compose_cfg("num_envs=4", "env.batch_size=8"))
     with pytest.raises(ConfigError, match="not an envpool task id"):
         rl.config.validate(compose_cfg("env.id=NoSuchTask-v9"))
 
@@ -151,7 +154,7 @@ def read_metrics(path):
 
 
 def run_train(tmp_path, *overrides):
-    from scripts.train import run
+    from rl.experiment import run
 
     return run(compose_cfg(*overrides), tmp_path)
 
@@ -171,8 +174,8 @@ def test_dqn_cartpole_smoke_with_resume(tmp_path):
     # Resume: continues from the checkpoint's step and agent state (update counter), same metric history.
     updates = int(res["state"]["agent"].updates)
     res2 = run_train(tmp_path / "b", "total_steps=4096", f"resume={tmp_path / 'a'}", "eval_episodes=0", *common)
-    assert res2["env_steps"] == 4096
-    history2 = read_metrics(tmp_path / "b" / "metrics.csv")
+    assert res2["env_steps"] == 4096 and res2["run_dir"] == str(tmp_path / "a")
+    history2 = read_metrics(tmp_path / "a" / "metrics.csv")
     assert [int(r["env_steps"]) for r in history2] == [1024, 2048, 3072, 4096]
     assert int(res2["state"]["agent"].updates) == updates + 1024 // 16
 
