@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import time
@@ -22,6 +23,32 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 RETURN_KEY = "episode_return"
+
+
+class _DropStartupNoise(logging.Filter):
+    """Library INFO lines at startup that hydra's INFO console logging would show: JAX's about accelerator
+    backends it probes and does not find ("Unable to initialize backend 'tpu': ... libtpu.so ...", every
+    CPU start) and matplotlib's "generated new fontManager" (first plot on a machine)."""
+
+    NOISE = ("Unable to initialize backend", "generated new fontManager")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOISE)
+
+
+def quiet_startup() -> None:
+    """Drop the startup INFO lines of `_DropStartupNoise` and orbax's INFO lines (absl logger: a dozen per
+    checkpoint manager) (idempotent). Called on import of this module; it must run before JAX starts its
+    backends, which importing gymnax does (rl.config.validate)."""
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    for name in ("jax._src.xla_bridge", "matplotlib.font_manager"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropStartupNoise) for f in logger.filters):
+            logger.addFilter(_DropStartupNoise())
+
+
+quiet_startup()
+
 NO_EPISODE = "no episode finished yet"
 
 
@@ -80,8 +107,8 @@ class RunLogger:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=max(self.total_steps, start_step), initial=start_step, unit="step",
-                             unit_scale=True, dynamic_ncols=True, desc=f"{self.cfg.agent.name}/{self.cfg.env.id}")
-            self._bar.set_postfix_str(self._postfix(None), refresh=False)
+                             unit_scale=True, dynamic_ncols=True, desc=f"{self.cfg.agent.name}/{self.cfg.env.id}",
+                             postfix=self._postfix(None))
         self._started = True
 
     def _postfix(self, sps: float | None) -> str:
@@ -94,6 +121,11 @@ class RunLogger:
         mode = os.environ.get("WANDB_MODE") or wcfg.mode  # the env var (e.g. disabled in CI) wins
         if mode == "disabled":
             return
+        if not os.environ.get("WANDB_MODE"):
+            os.environ.pop("WANDB_MODE", None)  # set but empty (`WANDB_MODE= python ...`): wandb rejects ""
+        # No product banner, sync hints or "Tracking run with wandb" lines (offline mode: nothing to sign up
+        # for); where the files are is printed by close().
+        os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         self._wandb = wandb.init(
@@ -127,8 +159,7 @@ class RunLogger:
                     data[k] = float(v[0])
             self._wandb.log(data, step=int(env_steps))
         if self._bar is not None:
-            if env_steps > self._bar.total:  # a runner that rounded total_steps up without telling start()
-                self._bar.total = env_steps
+            self._bar.total = max(self._bar.total, env_steps)  # a runner that rounded up without telling start()
             self._bar.set_postfix_str(self._postfix(sps), refresh=False)
             self._bar.update(env_steps - self._bar.n)
 

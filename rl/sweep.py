@@ -30,6 +30,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from rl.logging import quiet_startup
+
+# scripts.train imports this module first thing, before rl.config.validate imports gymnax (which starts
+# JAX's backends): no "Unable to initialize backend 'tpu'" INFO line on the console (rl/logging.py).
+quiet_startup()
+
 RETURN_KEY = "episode_return"
 SUMMARY_COLUMNS = ("job", "status", "env_steps", "seeds", "final_return", "final_return_std", "eval_return",
                    "eval_return_std", "objective")
