@@ -15,12 +15,12 @@ ENVS = sorted(str(p.relative_to(CONFIG_DIR / "env").with_suffix("")) for p in (C
 AGENT_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "agent").glob("*.yaml"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cfg(agent: str, env: str):
     return compose([f"agent={agent}", f"env={env}"])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _agent(agent: str, env: str):
     return agent_config(_cfg(agent, env).agent)
 
