@@ -10,8 +10,8 @@ with the chunk's other metrics (rl/loop.py).
   `NonFiniteError` at the end of the chunk, naming the metric and the env step, without checkpointing the
   state (the last checkpoint on disk is the last finite one).
 * `mode="skip"`: a non-finite update is dropped (the agent state before it is kept; the buffer's writes,
-  e.g. priorities, are kept: a non-finite priority counts as 0, see buffers/priorities.py); the count of
-  dropped updates is logged as `train/skipped`.
+  e.g. priorities, are kept: a non-finite priority counts as 0, see buffers/priorities.py); the share of
+  dropped updates per chunk is logged as `train/skipped`, and `bad` reports nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def guard(train_step: Callable, mode: str = "stop") -> Callable:
             reject = jnp.any(jnp.stack(list(bad.values())))
             new_state = jax.tree_util.tree_map(lambda old, new: jnp.where(reject, old, new), state, new_state)
             metrics = {**metrics, "skipped": reject.astype(jnp.float32)}
+            bad = {k: jnp.bool_(False) for k in bad}  # handled here: nothing for the host loop to stop on
         return new_state, buffer_state, metrics, bad
 
     return step
