@@ -5,8 +5,15 @@
 * `predict(state [..., S]) -> (policy_logits [..., A], value_logits [..., N])`: shared by the root state and
   every model state.
 * `step(state [..., S], action [...]) -> (next_state [..., S], reward_logits [..., N])`: the dynamics model,
-  a residual MLP over (state, one-hot action), layer-normalised; the reward is predicted for the
-  transition. (The paper's model is an LSTM over actions; a residual MLP is used here.)
+  chosen by `network.model`:
+  - `mlp` (default): a residual MLP over (state, one-hot action), layer-normalised; the reward is predicted
+    from its hidden layer.
+  - `lstm`: the paper's form (Hessel et al. 2021, main text: an LSTM over the action sequence, conditioned
+    on the policy network's hidden state). The model state is the LSTM's `(h, c)`, `[..., 2 * state_dim]`
+    laid out as `[h, c]`: `represent` gives `h_0` (the layer-normalised projection of the torso, the same
+    hidden state the root policy reads) and `c_0 = Dense(h_0)`; each `step` feeds the one-hot action to an
+    LSTM cell of `state_dim` units and predicts the reward from the new `h`. The policy/value heads read
+    `LayerNorm(h)` at the root and at every model step. `model_hidden` is unused.
 
 Value and reward logits are over the categorical support of rl/categorical.py (N atoms). Their output
 layers start at zero, so the initial value and reward read back as 0; the policy starts near uniform.
@@ -25,6 +32,7 @@ from rl.impala import ImpalaCNN
 from rl.networks import ACTIVATIONS, NetworkConfig, _channels_first, make_torso
 
 TORSOS = ("auto", "mlp", "small_cnn", "nature_cnn", "impala")
+MODELS = ("mlp", "lstm")
 
 
 @dataclasses.dataclass
@@ -35,14 +43,17 @@ class MuesliNetworkConfig:
     hidden_sizes: list[int] = dataclasses.field(default_factory=lambda: [256, 256])  # MLP torso
     cnn_dense: int = 256  # dense layer after a CNN torso
     impala_channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32, 32])
-    state_dim: int = 256  # model state size S
-    model_hidden: list[int] = dataclasses.field(default_factory=lambda: [256])  # dynamics MLP layers
+    model: str = "mlp"  # dynamics model: mlp (residual MLP) | lstm (the paper's LSTM over actions)
+    state_dim: int = 256  # model state size S (lstm: LSTM units; its state [h, c] is 2 * state_dim wide)
+    model_hidden: list[int] = dataclasses.field(default_factory=lambda: [256])  # dynamics MLP layers (mlp only)
     head_hidden: list[int] = dataclasses.field(default_factory=lambda: [256])  # policy/value/reward heads
     activation: str = "relu"
 
     def __post_init__(self):
         if self.torso not in TORSOS:
             raise ValueError(f"agent.network.torso must be one of {TORSOS}, got {self.torso!r}")
+        if self.model not in MODELS:
+            raise ValueError(f"agent.network.model must be one of {MODELS}, got {self.model!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"agent.network.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         sizes = [*self.hidden_sizes, *self.impala_channels, *self.model_hidden, *self.head_hidden, self.cnn_dense,
@@ -91,10 +102,14 @@ class NetworkSizes:
     head_hidden: tuple[int, ...]
     num_atoms: int
     activation: str = "relu"
+    model: str = "mlp"  # mlp | lstm
 
 
 class MuesliNetwork(nn.Module):
-    """Representation, dynamics and prediction heads; call the methods through `apply(..., method=...)`."""
+    """Representation, dynamics and prediction heads; call the methods through `apply(..., method=...)`.
+
+    States are `[..., S]` for the MLP model and `[..., 2 * state_dim]` (`[h, c]`) for the LSTM model; the
+    agent treats them as opaque vectors."""
 
     torso: nn.Module
     num_actions: int
@@ -104,25 +119,46 @@ class MuesliNetwork(nn.Module):
         s = self.sizes
         self.project = nn.Dense(s.state_dim)
         self.state_norm = nn.LayerNorm()
-        self.dynamics_hidden = [nn.Dense(h) for h in s.model_hidden]
-        self.dynamics_out = nn.Dense(s.state_dim)
-        self.dynamics_norm = nn.LayerNorm()
+        if s.model == "lstm":
+            self.cell_init = nn.Dense(s.state_dim)  # c_0 from h_0
+            self.lstm = nn.OptimizedLSTMCell(s.state_dim)
+            self.head_norm = nn.LayerNorm()
+        else:
+            self.dynamics_hidden = [nn.Dense(h) for h in s.model_hidden]
+            self.dynamics_out = nn.Dense(s.state_dim)
+            self.dynamics_norm = nn.LayerNorm()
         self.reward_head = _Head(s.head_hidden, s.num_atoms, 0.0, s.activation)
         self.value_head = _Head(s.head_hidden, s.num_atoms, 0.0, s.activation)
         self.policy_head = _Head(s.head_hidden, self.num_actions, 0.01, s.activation)
 
     def represent(self, obs):
-        """Observations `[..., *obs_shape]` -> states `[..., S]`."""
-        return self.state_norm(self.project(self.torso(obs)))
+        """Observations `[..., *obs_shape]` -> states `[..., S]` (lstm: `[..., 2 * state_dim]`, `[h_0, c_0]`)."""
+        h = self.state_norm(self.project(self.torso(obs)))
+        if self.sizes.model == "lstm":
+            return jnp.concatenate([h, self.cell_init(h)], axis=-1)
+        return h
+
+    def _features(self, state):
+        """What the policy and value heads read from a state."""
+        if self.sizes.model == "lstm":
+            return self.head_norm(state[..., : self.sizes.state_dim])
+        return state
 
     def predict(self, state):
-        """States `[..., S]` -> (policy logits `[..., A]`, value logits `[..., N]`)."""
-        return self.policy_head(state), self.value_head(state)
+        """States -> (policy logits `[..., A]`, value logits `[..., N]`)."""
+        x = self._features(state)
+        return self.policy_head(x), self.value_head(x)
 
     def step(self, state, action):
-        """(states `[..., S]`, actions `[...]` int) -> (next states `[..., S]`, reward logits `[..., N]`)."""
+        """(states, actions `[...]` int) -> (next states, reward logits `[..., N]`)."""
+        one_hot = jax.nn.one_hot(action, self.num_actions, dtype=state.dtype)
+        if self.sizes.model == "lstm":
+            d = self.sizes.state_dim
+            h, c = state[..., :d], state[..., d:]
+            (c, h), _ = self.lstm((c, h), one_hot)
+            return jnp.concatenate([h, c], axis=-1), self.reward_head(self.head_norm(h))
         act = ACTIVATIONS[self.sizes.activation]
-        x = jnp.concatenate([state, jax.nn.one_hot(action, self.num_actions, dtype=state.dtype)], axis=-1)
+        x = jnp.concatenate([state, one_hot], axis=-1)
         for layer in self.dynamics_hidden:
             x = act(layer(x))
         next_state = self.dynamics_norm(state + self.dynamics_out(x))
@@ -137,5 +173,6 @@ class MuesliNetwork(nn.Module):
 
 def make_network(obs_shape: Sequence[int], num_actions: int, num_atoms: int, cfg: MuesliNetworkConfig) -> MuesliNetwork:
     """The Muesli network for `obs_shape` observations, `num_actions` actions and `num_atoms` value/reward atoms."""
-    sizes = NetworkSizes(cfg.state_dim, tuple(cfg.model_hidden), tuple(cfg.head_hidden), num_atoms, cfg.activation)
+    sizes = NetworkSizes(cfg.state_dim, tuple(cfg.model_hidden), tuple(cfg.head_hidden), num_atoms, cfg.activation,
+                         cfg.model)
     return MuesliNetwork(make_representation_torso(obs_shape, cfg), num_actions, sizes)

@@ -1,0 +1,119 @@
+"""scripts/benchmark.py: suites compose, a tiny suite writes its results, a stopped suite redoes only what is
+missing (resumed from a checkpoint, or restarted); slow: `quick=true` on MinAtar."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+from omegaconf import OmegaConf
+
+from rl.config import compose, validate
+from scripts.benchmark import RECORD, BenchmarkError, plan, run_benchmark
+
+# Tiny DQN runs (tests/conftest.py's TINY_DQN sizes), appended to every run's training overrides.
+TINY = ["num_envs=4", "log_interval=200", "eval_episodes=2", "agent.learning_starts=100", "agent.batch_size=16",
+        "agent.buffer_size=400", "agent.network.hidden_sizes=[16]", "agent.target_update_period=5",
+        "agent.epsilon_decay_steps=300"]
+
+
+def bench_cfg(*overrides, extra=TINY):
+    cfg = compose(list(overrides), config_name="benchmark")
+    OmegaConf.update(cfg, "extra_overrides", list(extra), force_add=True)
+    return cfg
+
+
+@pytest.mark.parametrize("suite, runs", [("minatar", 10), ("memory", 8)])
+def test_suites_plan_runs_that_compose_and_validate(suite, runs):
+    s, planned = plan(bench_cfg(f"suite={suite}", extra=[]))
+    assert len(planned) == runs and s["seeds"] == 3 and s["steps"] == compose(
+        [f"suite={suite}"], config_name="benchmark").suite.total_steps
+    assert len({str(r.run_dir) for r in planned}) == runs
+    for run in planned:
+        cfg = compose(run.overrides)
+        validate(cfg)
+        assert cfg.seeds == 3 and cfg.checkpoint.interval > 0
+    if suite == "minatar":
+        refs = {r.task: r.references for r in planned}
+        assert refs["breakout"] == {"gymnax_ppo": 28.0} and refs["seaquest"] == {}
+
+
+def test_quick_mode_and_subsets():
+    s, planned = plan(bench_cfg("suite=minatar", "quick=true", extra=[]))
+    assert s["steps"] == 200_000 and s["seeds"] == 1 and s["out_dir"].name == "minatar-quick"
+    assert [(r.task, r.agent) for r in planned] == [("asterix", "dqn"), ("asterix", "muesli"), ("breakout", "dqn"),
+                                                    ("breakout", "muesli")]
+    _, planned = plan(bench_cfg("suite=memory", "agents=[r2d2]", "tasks=[memory_chain_30]", extra=[]))
+    assert len(planned) == 1 and "agent.sequence_length=70" in planned[0].overrides
+    with pytest.raises(BenchmarkError, match="unknown tasks"):
+        plan(bench_cfg("suite=memory", "tasks=[pong]"))
+
+
+def _rows(out_dir):
+    with (out_dir / "results.csv").open() as f:
+        return {(r["agent"], r["task"]): r for r in csv.DictReader(f)}
+
+
+def _attempts(run_dir):
+    return json.loads((run_dir / RECORD).read_text())["attempts"]
+
+
+def test_tiny_suite_writes_results_and_redoes_only_missing_runs(tmp_path):
+    out = tmp_path / "bench"
+    cfg = bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked,memory_chain_10]", "seeds=2",
+                    "total_steps=1200", f"out_dir={out}")
+    res = run_benchmark(cfg)
+    assert res["failed"] == [] and sorted(res["trained"]) == ["cartpole_masked/dqn", "memory_chain_10/dqn"]
+    rows = _rows(out)
+    assert set(rows) == {("dqn", "cartpole_masked"), ("dqn", "memory_chain_10")}
+    for row in rows.values():
+        assert row["status"] == "done" and int(row["env_steps"]) >= 1200 and int(row["seeds"]) == 2
+        for key in ("eval_mean", "eval_std", "last10_mean", "wall_s", "sps"):
+            assert row[key] != "", key
+    md = (out / "results.md").read_text()
+    assert "| cartpole_masked |" in md and "| memory_chain_10 |" in md and "optimal" in md
+    assert (out / "learning_curves.png").stat().st_size > 0
+
+    a, b = out / "runs" / "cartpole_masked" / "dqn", out / "runs" / "memory_chain_10" / "dqn"
+    untouched = (b / "summary.json").stat().st_mtime_ns
+    # Run a stopped mid-run: no summary, no final checkpoint (checkpoints every 1200 / 10 steps, the newest two
+    # kept). It is resumed from its newest checkpoint and finishes; b is skipped.
+    steps = sorted(int(p.name) for p in (a / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(steps) == 2 and steps[-1] >= 1200
+    (a / "summary.json").unlink()
+    shutil.rmtree(a / "checkpoints" / str(steps[-1]))
+    res = run_benchmark(cfg)
+    assert res["trained"] == ["cartpole_masked/dqn"] and res["failed"] == []
+    assert (a / "summary.json").exists() and (b / "summary.json").stat().st_mtime_ns == untouched
+    assert [x["resumed"] for x in _attempts(a)] == [False, True] and len(_attempts(b)) == 1
+    assert f"at env step {steps[0]}" in (a / "train.log").read_text()
+    metrics = list(csv.DictReader((a / "metrics.csv").open()))
+    keys = [(r["seed"], r["env_steps"]) for r in metrics]
+    assert len(keys) == len(set(keys)) and max(int(r["env_steps"]) for r in metrics) >= 1200  # no step twice
+    assert _rows(out)[("dqn", "cartpole_masked")]["status"] == "done"
+    # Stopped after training, during the evaluation: resumed from the final checkpoint, only evaluated.
+    (a / "summary.json").unlink()
+    assert run_benchmark(cfg)["trained"] == ["cartpole_masked/dqn"] and (a / "summary.json").exists()
+    # Run b lost its summary and its checkpoints (stopped before the first): restarted from scratch.
+    (b / "summary.json").unlink()
+    shutil.rmtree(b / "checkpoints")
+    res = run_benchmark(cfg)
+    assert res["trained"] == ["memory_chain_10/dqn"] and len(_attempts(b)) == 1 and len(_attempts(a)) == 3
+    assert not _attempts(b)[0]["resumed"] and _rows(out)[("dqn", "memory_chain_10")]["status"] == "done"
+    # Nothing missing: nothing trained; other overrides for the same dirs are refused.
+    assert run_benchmark(cfg)["trained"] == []
+    with pytest.raises(BenchmarkError, match="other training overrides"):
+        run_benchmark(bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", "seeds=1",
+                                "total_steps=1200", f"out_dir={out}"))
+
+
+@pytest.mark.slow
+def test_quick_minatar_suite(tmp_path):
+    """`suite=minatar quick=true`: 200k steps, 1 seed, 2 games, DQN and Muesli, end to end."""
+    res = run_benchmark(compose(["suite=minatar", "quick=true", f"out_dir={tmp_path}"], config_name="benchmark"))
+    assert res["failed"] == [] and len(res["rows"]) == 4
+    rows = _rows(tmp_path)
+    assert all(r["status"] == "done" and int(r["env_steps"]) >= 200_000 for r in rows.values())
+    assert (tmp_path / "results.md").exists() and (tmp_path / "learning_curves.png").exists()
