@@ -19,9 +19,10 @@ restores the state and the metric history and carries on); one with neither is w
 run dir's `benchmark_run.json` records its training overrides (a re-run with different overrides for an
 existing run dir stops with an error instead of mixing configs) and every attempt's wall time.
 
-Outputs in `out_dir`:
+Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
 * `results.csv`: one row per run: agent, task, status, env_steps, seeds, eval_mean/eval_std (greedy
-  evaluation after training: mean over seeds of each seed's mean return, std over seeds), last10_mean/
+  evaluation after training: mean over seeds of each seed's mean return, std over seeds), eval_episodes
+  (per seed), last10_mean/
   last10_std (training episode return over the last 10% of env steps, from metrics.csv: each seed's mean
   over the episodes finished there, then mean/std over seeds), wall_s (summed over attempts, compile and
   evaluation included), sps (env steps of all seeds per wall second), run_dir.
@@ -36,6 +37,7 @@ import csv
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -88,7 +90,8 @@ def settings(cfg: DictConfig) -> dict:
     quick = bool(cfg.quick)
     steps = int(cfg.total_steps if cfg.total_steps is not None else (cfg.quick_steps if quick else suite.total_steps))
     seeds = 1 if quick else int(cfg.seeds)
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path("benchmarks") / (suite.name + ("-quick" if quick else ""))
+    default_dir = Path("outputs/benchmark") / (suite.name + ("-quick" if quick else ""))
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_dir
     log_interval = min(int(suite.log_interval), max(steps // 40, 1))
     ckpt_interval = max(steps // max(int(suite.checkpoints), 1), 1)
     return {"steps": steps, "seeds": seeds, "out_dir": out_dir, "log_interval": log_interval,
@@ -187,7 +190,7 @@ def train(run: Run, env: dict[str, str]) -> dict:
     rc = None
     try:
         with (run.run_dir / "train.log").open("a") as log:
-            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.write(f"\n$ {shlex.join(cmd)}\n")
             log.flush()
             rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     finally:  # also on Ctrl-C: the attempt's time is kept for the run's wall time
@@ -393,7 +396,7 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
     cmd = cmd or f"python -m scripts.benchmark suite={cfg.suite.name}"
     if cfg.dry_run:
         for run in runs:
-            print(" ".join(command(run, resume=state_of(run) == "resume")[1:]))
+            print("python " + shlex.join(command(run, resume=state_of(run) == "resume")[1:]))
         return {"out_dir": out_dir, "rows": [], "trained": [], "failed": []}
     check_records(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -404,8 +407,12 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
     env = dict(os.environ)
     if int(cfg.jobs) > 1:
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # runs share the device's memory
-    with ThreadPoolExecutor(max_workers=max(int(cfg.jobs), 1)) as pool:
-        outcomes = dict(zip([f"{r.task}/{r.agent}" for r in todo], pool.map(lambda r: train(r, env), todo)))
+    if int(cfg.jobs) > 1:
+        with ThreadPoolExecutor(max_workers=int(cfg.jobs)) as pool:
+            results = list(pool.map(lambda r: train(r, env), todo))
+    else:
+        results = [train(r, env) for r in todo]
+    outcomes = dict(zip([f"{r.task}/{r.agent}" for r in todo], results))
     failed = [k for k, o in outcomes.items() if o["status"] == "failed"]
     rows = [result_row(r, "failed" if f"{r.task}/{r.agent}" in failed else None) for r in runs]
     write_csv(rows, out_dir / "results.csv")

@@ -42,7 +42,7 @@ def test_suites_plan_runs_that_compose_and_validate(suite, runs):
 
 def test_quick_mode_and_subsets():
     s, planned = plan(bench_cfg("suite=minatar", "quick=true", extra=[]))
-    assert s["steps"] == 200_000 and s["seeds"] == 1 and s["out_dir"].name == "minatar-quick"
+    assert s["steps"] == 200_000 and s["seeds"] == 1 and s["out_dir"].as_posix() == "outputs/benchmark/minatar-quick"
     assert [(r.task, r.agent) for r in planned] == [("asterix", "dqn"), ("asterix", "muesli"), ("breakout", "dqn"),
                                                     ("breakout", "muesli")]
     _, planned = plan(bench_cfg("suite=memory", "agents=[r2d2]", "tasks=[memory_chain_30]", extra=[]))
