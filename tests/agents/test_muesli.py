@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rlax
 from hydra import compose, initialize
 
 from agents.muesli import Config, cmpo_log_probs, episode_index, make_agent, unroll_indices, unroll_masks
@@ -207,15 +208,32 @@ def _retrace_backward(q, v, r, term, trunc, valid, c, gamma):
     return G, V, has
 
 
+def _random_params(agent, seed):
+    """Every parameter drawn at random (NumPy; no init compile): kernels and biases N(0, 0.3^2) (the policy
+    output layer N(0, 0.05^2)), LayerNorm scales 1 + N(0, 0.3^2); no head is constant (the real init zeroes
+    the value and reward heads)."""
+    shapes = jax.eval_shape(agent.network.init, jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, x):
+        name = jax.tree_util.keystr(path)
+        base = 1.0 if "scale" in name else 0.0
+        std = 0.05 if "policy_head" in name and "Dense_1" in name else 0.3  # a policy that is not too sharp
+        return jnp.asarray(base + std * rng.normal(size=x.shape), x.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
 def _reference_problem():
     """A small agent, online and target params that differ, a prior advantage EMA and a hand-made batch with a
     termination, a truncation and an early end of the data."""
+    from agents.muesli import MuesliState
+
     agent = make_agent(REF, obs_shape=(3,), obs_dtype=jnp.float32, num_actions=A, num_envs=E)
-    state = perturbed_state(agent, jax.random.PRNGKey(0))
-    target = perturbed_state(agent, jax.random.PRNGKey(1)).params
-    state = state.replace(target_params=target,
-                          adv_ema=state.adv_ema.replace(mu=jnp.float32(2.0), nu=jnp.float32(10.0),
-                                                        decay_product=jnp.float32(0.5)))
+    params = _random_params(agent, 0)
+    state = MuesliState(params=params, target_params=_random_params(agent, 1), opt_state=agent.optimizer.init(params),
+                        adv_ema=rlax.EmaState(mu=jnp.float32(2.0), nu=jnp.float32(10.0), decay_product=jnp.float32(0.5)),
+                        updates=jnp.zeros((), jnp.int32))
     rng = np.random.default_rng(0)
     B, L = 3, agent.cfg.sequence_length
     term, trunc = np.zeros((B, L), bool), np.zeros((B, L), bool)
@@ -227,8 +245,19 @@ def _reference_problem():
              "action": rng.integers(0, A, (B, L)).astype(np.int32),
              "reward": (rng.normal(size=(B, L)) * 2).astype(np.float32),
              "terminated": term, "truncated": trunc,
-             "behaviour_logp": np.log(rng.uniform(0.1, 0.9, (B, L))).astype(np.float32)}
+             # behaviour probabilities below and above the (near 1/3) target probabilities: pi/mu on both sides of 1
+             "behaviour_logp": np.log(np.where((np.arange(B)[:, None] + np.arange(L)) % 2 == 0, rng.uniform(0.08, 0.25, (B, L)),
+                                               rng.uniform(0.5, 0.9, (B, L)))).astype(np.float32)}
     return agent, state, batch, valid
+
+
+@pytest.fixture(scope="module")
+def reference_problem():
+    """The problem, the agent's targets for it (jitted) and the NumPy reference targets, computed once."""
+    agent, state, batch, valid = _reference_problem()
+    jbatch, jvalid = jax.tree.map(jnp.asarray, batch), jnp.asarray(valid)
+    out = jax.jit(agent.targets)(state, jbatch, jvalid)
+    return agent, state, batch, valid, out, _reference_targets(agent, state, batch, valid)
 
 
 def _net(agent, params, method, *args):
@@ -339,13 +368,11 @@ def _reference_loss_fn(agent, batch, valid, ref, rho):
     return loss
 
 
-def test_targets_match_numpy_reference():
+def test_targets_match_numpy_reference(reference_problem):
     """Look-ahead q, the baseline v = E_prior q, Retrace with c = lambda min(1, pi_prior/mu) from the target
     network, the advantage EMA (debiased second moment, not the variance), the CMPO policy with advantages
     divided by the scale, and the normalised policy-gradient advantage."""
-    agent, state, batch, valid = _reference_problem()
-    targets, adv_ema, metrics = agent.targets(state, jax.tree.map(jnp.asarray, batch), jnp.asarray(valid))
-    ref = _reference_targets(agent, state, batch, valid)
+    agent, state, batch, valid, (targets, adv_ema, metrics), ref = reference_problem
     m = ref["mask"]
     np.testing.assert_array_equal(np.asarray(targets.retrace.mask), m)
     np.testing.assert_allclose(np.asarray(targets.retrace.q)[m], ref["G"][m], rtol=1e-4, atol=1e-3)
@@ -363,15 +390,13 @@ def test_targets_match_numpy_reference():
     assert (~m & valid).any() and m.sum() >= 8
 
 
-def test_loss_and_gradient_match_reference():
+def test_loss_and_gradient_match_reference(reference_problem):
     """`MuesliAgent.loss` (value, every term, and the gradient w.r.t. all online params) equals the loop-based
     reference: policy gradient -rho * A * log pi(a) with rho = min(1, pi/mu) held constant, KL(pi_cmpo || pi) at
     the root and at the model states, value and reward cross-entropies over two-hot targets (value 0 after a
     termination), and gradients into the model states scaled by dynamics_grad_scale."""
-    agent, state, batch, valid = _reference_problem()
+    agent, state, batch, valid, (targets, _, _), ref = reference_problem
     jbatch, jvalid = jax.tree.map(jnp.asarray, batch), jnp.asarray(valid)
-    targets, _, _ = agent.targets(state, jbatch, jvalid)
-    ref = _reference_targets(agent, state, batch, valid)
     # rho from the online policy at the root, computed outside any gradient.
     root_logits = np.asarray(_net(agent, state.params, "predict",
                                   _net(agent, state.params, "represent", jnp.asarray(batch["obs"])))[0], np.float64)
@@ -380,8 +405,9 @@ def test_loss_and_gradient_match_reference():
     assert (rho[ref["mask"]] < 0.9).sum() >= 3 and (rho[ref["mask"]] == 1.0).sum() >= 3  # both sides of the clip
 
     ref_loss = _reference_loss_fn(agent, batch, valid, ref, rho)
-    (value, metrics), grads = jax.value_and_grad(agent.loss, has_aux=True)(state.params, targets, jbatch, jvalid)
-    (ref_value, ref_terms), ref_grads = jax.value_and_grad(ref_loss, has_aux=True)(state.params)
+    (value, metrics), grads = jax.jit(jax.value_and_grad(agent.loss, has_aux=True))(state.params, targets, jbatch,
+                                                                                    jvalid)
+    (ref_value, ref_terms), ref_grads = jax.jit(jax.value_and_grad(ref_loss, has_aux=True))(state.params)
     for name, term in ref_terms.items():
         assert abs(float(term)) > 1e-3, name  # every term is present on this batch
         np.testing.assert_allclose(float(metrics[name]), float(term), rtol=1e-4, atol=1e-6, err_msg=name)
@@ -395,8 +421,8 @@ def test_loss_and_gradient_match_reference():
     assert np.linalg.norm(np.asarray(ref_grads["params"]["dynamics_out"]["kernel"])) > 1e-4
 
 
-def test_target_network_is_an_ema_of_the_online_params():
-    agent, state, batch, valid = _reference_problem()
+def test_target_network_is_an_ema_of_the_online_params(reference_problem):
+    agent, state, batch, valid, *_ = reference_problem
     new, _ = jax.jit(agent.update)(state, jax.tree.map(jnp.asarray, batch), jnp.asarray(valid))
     rate = agent.cfg.target_update_rate
     expected = jax.tree.map(lambda p, t: rate * p + (1 - rate) * t, new.params, state.target_params)
