@@ -95,7 +95,8 @@ def _save(cfg, logger, env_steps: int, state) -> Path | None:
 
 
 def _start(cfg, runner, logger, resume_from):
-    """`(state, env_steps)` fresh or restored, with the logger started."""
+    """`(state, env_steps)` fresh or restored (from `resume_from`, the run dir the logger writes to), with
+    the logger started."""
     env_steps, wandb_id, history = 0, None, []
     if resume_from is not None:
         state, meta = checkpoint.restore(resume_from, runner.restore_target())
@@ -110,11 +111,11 @@ def _start(cfg, runner, logger, resume_from):
     return state, env_steps
 
 
-def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch):
+def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt: Path | None):
     """Chunks until the total (or a signal); returns `(state, env_steps, last metrics, last checkpoint)`."""
     total = runner.rounded_total(int(cfg.total_steps))
     log_every, ckpt_every = int(cfg.log_interval), int(cfg.checkpoint.interval)
-    last, ckpt, first = {}, None, True
+    last, first = {}, True
     with runner.session(state, env_steps) as session:
         while env_steps < total and watch.signum is None:
             t0, before = time.perf_counter(), env_steps
@@ -137,8 +138,10 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
     """Train with `runner` (see the module docstring); raises `Preempted` after a signal's checkpoint and
     `rl.guard.NonFiniteError` on NaN/Inf (with `on_nonfinite: stop`)."""
     state, env_steps = _start(cfg, runner, logger, resume_from)
+    # A run resumed from its final checkpoint (stopped before its summary) has nothing new to save.
+    ckpt = checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from is not None else None
     with SignalWatch(logger.note) as watch:
-        state, env_steps, last, ckpt = _train(cfg, runner, logger, state, env_steps, watch)
+        state, env_steps, last, ckpt = _train(cfg, runner, logger, state, env_steps, watch, ckpt)
         if ckpt is None or ckpt.name != str(env_steps):
             ckpt = _save(cfg, logger, env_steps, state) or ckpt
         if ckpt is not None:
