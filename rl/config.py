@@ -86,7 +86,8 @@ def to_dataclass(cls: type, section: Any, where: str):
         merged = OmegaConf.merge(OmegaConf.structured(cls), section)
         return OmegaConf.to_object(merged)
     except (OmegaConfBaseException, ValueError, TypeError) as e:
-        raise ConfigError(f"bad config in `{where}`: {e}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"bad config in `{where}`: {first}") from None
 
 
 def _section_name(section: Any, key: str) -> Any:
@@ -131,6 +132,8 @@ def _positive(cfg: DictConfig, key: str, minimum: int = 1) -> None:
 
 def validate(cfg: DictConfig) -> tuple[Any, Any]:
     """Check the whole config before anything is built; returns `(agent_config, env_config)`."""
+    top = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("agent", "env")}
+    to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
     for key in ("seeds", "total_steps", "num_envs", "log_interval"):
         _positive(cfg, key)
     for key in ("seed", "eval_episodes", "checkpoint.interval"):

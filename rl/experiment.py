@@ -81,8 +81,8 @@ def prepare(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = 
 
 def _warn_idle(cfg: DictConfig, runner, note) -> None:
     starts, total = int(runner.agent.learning_starts), int(cfg.total_steps)
-    if starts >= total:
-        note(f"warning: total_steps={total} <= the agent's learning_starts={starts}: no train step will run "
+    if starts > total:
+        note(f"warning: total_steps={total} < the agent's learning_starts={starts}: no train step will run "
              f"(set agent.learning_starts lower or total_steps higher)")
 
 
