@@ -9,7 +9,10 @@ in place when the state is donated (`jax.jit(..., donate_argnums=...)`).
     clustered    make_clustered_buffer     one sub-buffer per cluster; uniform over clusters, then within
     rows         make_row_buffer           per-env rows `[E, T, ...]` written by env_id (async envs), peek
     sequences    make_sequence_buffer      length-L sequences from the rows (period, episode rules, length
-                                           weighting, priorities, online queue for mixed batches)
+                                           weighting, priorities, online queue for mixed batches), built from:
+      starts                               the start-weight rule and the weight-strategy interface
+      counted, tree_weights                the two weight strategies (from `written` counts / a sum tree)
+      online                               the online queue
     nstep        make_nstep_buffer         n-step transitions from the rows, respecting episode ends
     priorities   importance_weights, sequence_priority
     checks       BufferInputError (bad input, raised at trace time)

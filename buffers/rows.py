@@ -6,7 +6,7 @@ holds its last `min(written[e], T)` steps. `add(state, steps, env_ids)` writes s
 `env_ids[i]` at that row's head; rows advance independently, any subset of envs in any order.
 
 `online_start [E]` is a second pointer over the same rows (the absolute step where the not-yet-consumed
-online queue begins); `buffers/sequences.py` samples from it.
+online queue begins); `buffers/online.py` samples from it.
 
 env_ids are traced values, so their range and distinctness cannot be checked at trace time: with
 `debug=True` the buffers add `checkify` checks, which raise when called eagerly and are reported by

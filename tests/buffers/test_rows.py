@@ -238,5 +238,5 @@ def test_masked_entries_write_nothing_even_with_garbage_ids():
     assert list(np.asarray(state.rows.written)) == [0, 1, 0]
     assert int(state.rows.data["x"][1, 0]) == 7
     assert int(np.sum(np.asarray(state.rows.data["x"]) != 0)) == 1
-    assert float(state.tree.levels[-1][E * T]) == 0.0  # the dummy leaf stays empty
-    np.testing.assert_array_equal(np.asarray(before.done), np.asarray(state.done))
+    assert float(state.weights.tree.levels[-1][E * T]) == 0.0  # the dummy leaf stays empty
+    np.testing.assert_array_equal(np.asarray(before.weights.done), np.asarray(state.weights.done))

@@ -128,8 +128,8 @@ def test_donated_ops_keep_storage_pointers(kind):
         leaf = lambda s: s.rows.data["obs"]
     add = jax.jit(buf.add, donate_argnums=0)
     setp = jax.jit(buf.set_priorities, donate_argnums=0)
-    ptrs = lambda s: (leaf(s).unsafe_buffer_pointer(), s.tree.levels[-1].unsafe_buffer_pointer(),
-                      s.priority.unsafe_buffer_pointer())
+    ptrs = lambda s: (leaf(s).unsafe_buffer_pointer(), s.weights.tree.levels[-1].unsafe_buffer_pointer(),
+                      s.weights.priority.unsafe_buffer_pointer())
     state = add(state, steps, jnp.array([2, 0, 3]))
     before = ptrs(state)
     for t in range(5):

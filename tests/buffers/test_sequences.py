@@ -177,10 +177,10 @@ def test_sequences_match_reference(cfg, ops, seed):
     w = ref.weights()
     np.testing.assert_allclose(np.asarray(jax.jit(buf.weights)(state)), w, rtol=1e-5, atol=1e-7)
     if buf.counted:
-        assert state.tree is None and state.remaining.shape == (0,)
+        assert state.weights is None  # counted: no per-slot state
     else:
-        assert state.tree.levels[-1].shape[0] >= E * T // buf.stride + 1
-        np.testing.assert_allclose(float(sumtree.total(state.tree)), w.sum(), rtol=1e-5)
+        assert state.weights.tree.levels[-1].shape[0] >= E * T // buf.stride + 1
+        np.testing.assert_allclose(float(sumtree.total(state.weights.tree)), w.sum(), rtol=1e-5)
     if w.sum() > 0:
         check_sequences(sample(state, jax.random.key(seed), 16), ref, w)
 
@@ -290,14 +290,14 @@ def test_set_priorities_with_duplicates_stays_consistent():
         steps = {"x": np.full(2, t, np.int32), "v": np.zeros((2, 2), np.float32), "done": np.zeros(2, bool)}
         state = buf.add(state, steps, np.array([0, 1], np.int32))
     state = buf.set_priorities(state, np.array([1, 1, 7, 1], np.int32), np.array([4.0, 9.0, 16.0, 1.0]))
-    leaves = np.asarray(state.tree.levels[-1][:12])
-    np.testing.assert_allclose(leaves, np.asarray(state.base) * np.asarray(state.priority), rtol=1e-6)
-    assert float(state.priority[7]) == pytest.approx(4.0)
-    assert float(state.max_priority) == 16.0
+    leaves = np.asarray(state.weights.tree.levels[-1][:12])
+    np.testing.assert_allclose(leaves, np.asarray(state.weights.base) * np.asarray(state.weights.priority), rtol=1e-6)
+    assert float(state.weights.priority[7]) == pytest.approx(4.0)
+    assert float(state.weights.max_priority) == 16.0
     # A slot written after that gets the max priority seen (16 ** 0.5).
     state = buf.add(state, {"x": np.full(1, 9, np.int32), "v": np.zeros((1, 2), np.float32),
                             "done": np.zeros(1, bool)}, np.array([0], np.int32))
-    assert float(state.priority[4]) == pytest.approx(4.0)
+    assert float(state.weights.priority[4]) == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("period", [1, 2])  # sum tree over every slot / over aligned slots only
@@ -318,9 +318,9 @@ def test_non_finite_negative_and_out_of_range_priorities(period):
     state = buf.set_priorities(state, slots, p)
     ref.set_priorities(slots, p)
     w = ref.weights()
-    assert bool(buf.can_sample(state)) and float(state.max_priority) == 4.0
+    assert bool(buf.can_sample(state)) and float(state.weights.max_priority) == 4.0
     np.testing.assert_allclose(np.asarray(buf.buf.weights(state)), w, rtol=1e-5)
-    np.testing.assert_allclose(float(sumtree.total(state.tree)), w.sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(sumtree.total(state.weights.tree)), w.sum(), rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(buf.buf.priorities(state, slots))[:6], [0, 0, 0, 0, 0, 0])
     check_sequences(buf.sample(state, jax.random.key(1), 64), ref, w)
 
