@@ -1,0 +1,17 @@
+"""The target-network update, shared by every agent with a target (or prior) network."""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+
+def update_target(target, online, updates: jax.Array, period: int = 1, rate: float = 1.0):
+    """The target params after learner update number `updates` (int32, counting the update just taken).
+
+    Every `period` updates the target moves `rate` of the way to the `online` params: `rate=1` copies them
+    (DQN's and R2D2's periodic copy), `rate < 1` averages, `rate * online + (1 - rate) * target` (Polyak
+    averaging with DQN's `tau`; with `period=1` an EMA, Muesli's prior network).
+    """
+    moved = online if rate == 1.0 else optax.incremental_update(online, target, rate)
+    return moved if period == 1 else optax.periodic_update(moved, target, updates, period)
