@@ -1,8 +1,9 @@
-"""Agent registry: `make_agent(agent_cfg, ...)` builds the agent named by `agent_cfg.name`.
+"""Agent registry: `agent_config(section)` types an `agent:` config section, `make_agent(cfg, ...)` builds the
+agent it names.
 
-Every agent lives in `agents/<name>.py` and exposes
-`make_agent(agent_cfg, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/agent.py).
-Modules are imported lazily, so an agent's dependencies load only when it is used.
+Every agent is a module or package `agents/<name>` exposing its `Config` dataclass and
+`make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/agent.py).
+Agents are imported lazily, so an agent's dependencies load only when it is used.
 """
 
 from __future__ import annotations
@@ -12,19 +13,44 @@ import pkgutil
 from collections.abc import Sequence
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
+from rl.config import ConfigError, to_dataclass
+
 
 def available_agents() -> list[str]:
-    """Names of the agent modules in this package."""
+    """Names of the agents (the modules and packages of this package)."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def make_agent(agent_cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
-               num_envs: int):
-    """Build the agent `agent_cfg.name` for envs with `obs_shape`/`obs_dtype` observations (no batch dim),
-    `num_actions` discrete actions and `num_envs` parallel envs (one buffer row each)."""
-    name = agent_cfg["name"] if isinstance(agent_cfg, dict) else getattr(agent_cfg, "name", None)
+def _name(section: Any) -> Any:
+    return section.get("name") if isinstance(section, (dict, DictConfig)) else getattr(section, "name", None)
+
+
+def agent_config(section: Any):
+    """The agent section (DictConfig, dict or the dataclass itself) as its agent's `Config` dataclass.
+
+    Unknown keys, wrong types and bad values (the dataclass's `__post_init__`) raise a `ConfigError` naming
+    the section. `lr`, the learning-rate key every agent's yaml shares (so `agent.lr=...` sweeps any agent),
+    is the default of `optim.lr` (the yaml interpolates it; a dict without `optim.lr` gets it here).
+    """
+    name = _name(section)
     if name not in available_agents():
-        raise ValueError(f"unknown agent {name!r}: available agents are {available_agents()}")
-    module = importlib.import_module(f"agents.{name}")
-    return module.make_agent(agent_cfg, obs_shape=tuple(obs_shape), obs_dtype=obs_dtype,
-                             num_actions=int(num_actions), num_envs=int(num_envs))
+        raise ConfigError(f"agent.name={name!r} is not an agent; available: {available_agents()}")
+    if isinstance(section, DictConfig):
+        section = OmegaConf.to_container(section, resolve=True)
+    if isinstance(section, dict) and "lr" in section:
+        section = dict(section)
+        lr, optim = section.pop("lr"), dict(section.get("optim") or {})
+        section["optim"] = {"lr": lr, **optim}
+    return to_dataclass(importlib.import_module(f"agents.{name}").Config, section, "agent")
+
+
+def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
+    """Build the agent `cfg.name` for envs with `obs_shape`/`obs_dtype` observations (no batch dim),
+    `num_actions` discrete actions and `num_envs` parallel envs (one buffer row each). `cfg` is the agent's
+    `Config` or a section `agent_config` turns into it."""
+    cfg = agent_config(cfg)
+    module = importlib.import_module(f"agents.{cfg.name}")
+    return module.make_agent(cfg, obs_shape=tuple(obs_shape), obs_dtype=obs_dtype, num_actions=int(num_actions),
+                             num_envs=int(num_envs))

@@ -19,13 +19,15 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+import agents
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
 from rl import sharding
-from rl.config import agent_config
+from rl.exploration import epsilon_greedy
 from rl.networks import NetworkConfig, make_q_network
 from rl.optim import OptimConfig, make_optimizer
 from rl.schedules import linear
+from rl.target_update import update_target
 from rl.targets import LOSSES, q_target, td_loss
 
 
@@ -127,13 +129,8 @@ class DQN:
 
     def act(self, state: DQNState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
             explore: bool = True):
-        q = self.network.apply(state.params, obs)
-        greedy = jnp.argmax(q, axis=-1).astype(jnp.int32)
         eps = self.epsilon(state) if explore else self.cfg.eval_epsilon
-        k_explore, k_action = jax.random.split(key)
-        random_actions = jax.random.randint(k_action, greedy.shape, 0, self.num_actions, jnp.int32)
-        actions = jnp.where(jax.random.uniform(k_explore, greedy.shape) < eps, random_actions, greedy)
-        return actions, carry, {}
+        return epsilon_greedy(key, self.network.apply(state.params, obs), eps), carry, {}
 
     def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
         return {"obs": obs, "action": action.astype(jnp.int32), "reward": reward.astype(jnp.float32),
@@ -172,10 +169,7 @@ class DQN:
             buffer_state = self.buffer.set_priorities(buffer_state, batch.slots,
                                                       jnp.abs(td) + cfg.priority_epsilon)
         count = state.updates + 1
-        refresh = count % cfg.target_update_period == 0
-        target_params = jax.tree_util.tree_map(
-            lambda t, p: jnp.where(refresh, (1.0 - cfg.tau) * t + cfg.tau * p, t), state.target_params, params
-        )
+        target_params = update_target(state.target_params, params, count, cfg.target_update_period, cfg.tau)
         metrics = {"loss": jnp.mean(td_loss(td, cfg.loss, cfg.huber_delta)), "q": jnp.mean(q_taken),
                    "abs_td": jnp.mean(jnp.abs(td))}
         state = DQNState(params=params, target_params=target_params, opt_state=opt_state, updates=count)
@@ -189,8 +183,7 @@ class DQN:
         return state, buffer_state, metrics
 
 
-def make_agent(agent_cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
+def make_agent(cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
                num_envs: int) -> DQN:
-    """Build DQN from its config section (DictConfig, dict or `Config`)."""
-    cfg = agent_cfg if isinstance(agent_cfg, Config) else agent_config(agent_cfg)
-    return DQN(cfg, obs_shape, obs_dtype, num_actions, num_envs)
+    """Registry entry (agents/__init__.py); a yaml section is typed by `agents.agent_config` first."""
+    return DQN(agents.agent_config(cfg), obs_shape, obs_dtype, num_actions, num_envs)

@@ -29,12 +29,16 @@ import optax
 import rlax
 from flax import struct
 
+import agents
 from buffers.priorities import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
 from rl import sharding
+from rl.agent import episode_done
+from rl.exploration import epsilon_greedy
 from rl.networks import NetworkConfig
 from rl.optim import OptimConfig, make_optimizer
 from rl.recurrent import LSTMCarry, make_recurrent_q_network, reset_flags, unroll_with_burn_in, zero_carry
+from rl.target_update import update_target
 
 
 @dataclasses.dataclass
@@ -153,7 +157,7 @@ class R2D2:
             cross_episodes=cfg.cross_episodes,
             complete_only=True,
             priority_exponent=cfg.priority_exponent,
-            done_fn=lambda step: step["terminated"] | step["truncated"],
+            done_fn=episode_done,
         )
         self.train_interval, self.batch_size = cfg.train_interval, cfg.batch_size
         # a full sequence must exist in every row before sampling can start
@@ -164,7 +168,7 @@ class R2D2:
         return zero_carry(num_envs, self.cfg.lstm_size)
 
     def init(self, key: jax.Array, obs_example: jax.Array) -> R2D2State:
-        obs = jnp.zeros((1, 1) + self.obs_shape, self.obs_dtype)
+        obs = jnp.asarray(obs_example, self.obs_dtype)[None, None]  # [T=1, B=1, *obs_shape]
         params = self.network.init(key, self.initial_carry(1), obs, jnp.zeros((1, 1), bool))
         target = jax.tree_util.tree_map(jnp.copy, params)  # distinct buffers: the state may be donated
         return R2D2State(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))
@@ -172,14 +176,7 @@ class R2D2:
     def act(self, state: R2D2State, obs, carry, key, env_ids, explore: bool = True):
         """Epsilon-greedy over one LSTM step: obs `[E, ...]`, carry `[E, H]` -> actions `[E]`, next carry."""
         carry, q = self.network.apply(state.params, carry, obs[None], jnp.zeros((1, obs.shape[0]), bool))
-        greedy = jnp.argmax(q[0], axis=-1).astype(jnp.int32)
-        if not explore:
-            return greedy, carry, {}
-        k_explore, k_action = jax.random.split(key)
-        eps = self.epsilons[env_ids]
-        random = jax.random.randint(k_action, greedy.shape, 0, self.num_actions, jnp.int32)
-        explore_now = jax.random.uniform(k_explore, greedy.shape) < eps
-        return jnp.where(explore_now, random, greedy), carry, {}
+        return epsilon_greedy(key, q[0], self.epsilons[env_ids] if explore else 0.0), carry, {}
 
     def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
         """Step for the buffer; `carry` is the actor's state *before* acting on `obs` (stored state)."""
@@ -210,7 +207,7 @@ class R2D2:
         cfg = self.cfg
         seq = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), data)  # time-major [L, B, ...]
         mask = jnp.swapaxes(mask, 0, 1)
-        done = seq["terminated"] | seq["truncated"]
+        done = episode_done(seq)
         reset = reset_flags(done)
         batch = mask.shape[1]
         start = LSTMCarry(seq["carry"].c[0], seq["carry"].h[0])
@@ -250,7 +247,7 @@ class R2D2:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         count = state.updates + 1
-        target_params = optax.periodic_update(params, state.target_params, count, cfg.target_update_period)
+        target_params = update_target(state.target_params, params, count, cfg.target_update_period)
 
         priorities = sequence_priority(aux["abs_td"].T, aux["valid"].T, cfg.priority_eta)
         buffer_state = self.buffer.set_priorities(buffer_state, sample.slots, priorities)
@@ -268,9 +265,7 @@ class R2D2:
         return R2D2State(params, target_params, opt_state, count), buffer_state, metrics
 
 
-def make_agent(agent_cfg, *, obs_shape, obs_dtype, num_actions: int, num_envs: int) -> R2D2:
-    """Registry entry (agents/__init__.py): build R2D2 from its config section."""
-    from rl.config import agent_config
-
-    cfg = agent_cfg if isinstance(agent_cfg, Config) else agent_config(agent_cfg)
-    return R2D2(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions, num_envs=num_envs)
+def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int) -> R2D2:
+    """Registry entry (agents/__init__.py); a yaml section is typed by `agents.agent_config` first."""
+    return R2D2(agents.agent_config(cfg), obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
+                num_envs=num_envs)

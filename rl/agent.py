@@ -55,6 +55,11 @@ class Agent(Protocol):
         """One learner update from the buffer (which it may also update, e.g. priorities)."""
 
 
+def episode_done(step) -> jax.Array:
+    """`terminated | truncated` of a step (or of stacked steps): the episode ended at it."""
+    return step["terminated"] | step["truncated"]
+
+
 def reset_carry(carry: PyTree, initial: PyTree, done: jax.Array) -> PyTree:
     """Replace the carry of envs where `done` ([E] bool) with the initial carry."""
 

@@ -2,10 +2,10 @@
 
 * `TrainConfig` (registered in hydra's ConfigStore as `base_config`, first in configs/config.yaml's
   defaults) types the keys every agent and env share, so hydra rejects `seeds=abc` at compose time.
-* Each agent module defines a `Config` dataclass and each env source an `EnvConfig` dataclass;
-  `agent_config(cfg.agent)` / `env_config(cfg.env)` turn the yaml section into that dataclass, rejecting
-  unknown keys, wrong types and bad values (in the dataclass's `__post_init__`) with a `ConfigError`
-  naming the section.
+* Each env source defines an `EnvConfig` dataclass and each agent a `Config` dataclass; `env_config(cfg.env)`
+  (here) and `agents.agent_config(cfg.agent)` (the agents registry) turn the yaml section into that
+  dataclass, rejecting unknown keys, wrong types and bad values (in the dataclass's `__post_init__`) with a
+  `ConfigError` naming the section (`to_dataclass`).
 * `validate(cfg)` runs all of these; scripts call it before building anything.
 """
 
@@ -96,26 +96,6 @@ def _section_name(section: Any, key: str) -> Any:
     return getattr(section, key, None)
 
 
-def agent_config(section: Any):
-    """The agent section as its module's `Config` dataclass (`agents.<name>.Config`).
-
-    `lr`, the learning-rate key every agent's yaml shares (so `agent.lr=...` sweeps any agent), is the
-    default of `optim.lr` (the yaml interpolates it; a dict without `optim.lr` gets it here).
-    """
-    from agents import available_agents
-
-    name = _section_name(section, "name")
-    if name not in available_agents():
-        raise ConfigError(f"agent.name={name!r} is not an agent; available: {available_agents()}")
-    if isinstance(section, DictConfig):
-        section = OmegaConf.to_container(section, resolve=True)
-    if isinstance(section, dict) and "lr" in section:
-        section = dict(section)
-        lr, optim = section.pop("lr"), dict(section.get("optim") or {})
-        section["optim"] = {"lr": lr, **optim}
-    return to_dataclass(importlib.import_module(f"agents.{name}").Config, section, "agent")
-
-
 def env_config(section: Any):
     """The env section as its source's `EnvConfig` dataclass (chosen by `env.source`)."""
     source = _section_name(section, "source")
@@ -144,6 +124,8 @@ def validate(cfg: DictConfig) -> tuple[Any, Any]:
     mode = OmegaConf.select(cfg, "logger.wandb.mode")
     if mode not in WANDB_MODES:
         raise ConfigError(f"`logger.wandb.mode` must be one of {WANDB_MODES}, got {mode!r}")
+    from agents import agent_config  # lazily: the agents registry imports this module
+
     return agent_config(cfg.agent), env_config(cfg.env)
 
 

@@ -27,9 +27,9 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from agents import make_agent
+from agents import agent_config, make_agent
 from rl import checkpoint, loop
-from rl.config import agent_config, check_resumable, compose, env_config, resume_config, validate
+from rl.config import check_resumable, compose, env_config, resume_config, validate
 
 
 def _source(cfg: DictConfig):

@@ -1,6 +1,6 @@
 """Standard RL targets and losses, shared by the agents (thin, batched wrappers over rlax where it has them).
 
-Shapes: B = batch, A = actions, T = time.
+Shapes: B = batch, A = actions.
 """
 
 from __future__ import annotations
@@ -9,9 +9,6 @@ import jax
 import jax.numpy as jnp
 import rlax
 
-# Value rescaling h(x) = sign(x)(sqrt(|x|+1)-1)+eps*x and its inverse (Pohlen et al. 2018), from rlax.
-signed_hyperbolic = rlax.signed_hyperbolic
-signed_parabolic = rlax.signed_parabolic
 LOSSES = ("huber", "mse")
 
 
@@ -36,11 +33,3 @@ def td_loss(td: jax.Array, kind: str = "huber", huber_delta: float = 1.0) -> jax
     if kind == "mse":
         return 0.5 * jnp.square(td)
     raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
-
-
-def nstep_returns(reward: jax.Array, discount: jax.Array, value: jax.Array, n: int,
-                  lambda_: float = 1.0) -> jax.Array:
-    """n-step bootstrapped returns for time-major batches: `[T, B]` rewards, discounts and bootstrap
-    values (value[t] is v(s_{t+1})) -> `[T, B]` targets (rlax.n_step_bootstrapped_returns per column)."""
-    fn = lambda r, d, v: rlax.n_step_bootstrapped_returns(r, d, v, n, lambda_)
-    return jax.vmap(fn, in_axes=1, out_axes=1)(reward, discount, value)

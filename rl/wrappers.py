@@ -1,19 +1,17 @@
-"""Observation wrappers usable with any env source.
+"""Observation wrappers for gymnax envs.
 
-`select_features` is a plain function on a batch of vector observations (NumPy arrays from envpool or
-jax arrays from gymnax); `ObservationFeatureWrapper` applies it to a gymnax env (reset, step and
-`info["final_observation"]`) and narrows the observation space to match.
+`ObservationFeatureWrapper` keeps only some features of a gymnax env's vector observations (reset, step
+and `info["final_observation"]`) and narrows the observation space to match (`env.obs_features`).
 
 The memory task of R2D2's proof hides CartPole's velocity components: CartPole observations are
-`[x, x_dot, theta, theta_dot]` in both gymnax and envpool, so `CARTPOLE_POSITIONS = (0, 2)` keeps the
-positions and the agent has to infer velocities from its history.
+`[x, x_dot, theta, theta_dot]`, so `env.obs_features=[0,2]` keeps the positions and the agent has to infer
+velocities from its history.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,38 +19,17 @@ import numpy as np
 from gymnax.environments import spaces
 from gymnax.wrappers.purerl import GymnaxWrapper
 
-CARTPOLE_POSITIONS = (0, 2)  # x and theta; drops x_dot (1) and theta_dot (3)
-
-
 def _check_indices(indices: Sequence[int], obs_dim: int | None) -> tuple[int, ...]:
     indices = tuple(int(i) for i in indices)
     if not indices:
-        raise ValueError("select_features: `indices` is empty; keep at least one feature")
+        raise ValueError("obs_features: `indices` is empty; keep at least one feature")
     if len(set(indices)) != len(indices):
-        raise ValueError(f"select_features: `indices` {indices} has duplicates")
+        raise ValueError(f"obs_features: `indices` {indices} has duplicates")
     if obs_dim is not None and any(not 0 <= i < obs_dim for i in indices):
         raise ValueError(
-            f"select_features: `indices` {indices} out of range for observations with {obs_dim} features"
+            f"obs_features: `indices` {indices} out of range for observations with {obs_dim} features"
         )
     return indices
-
-
-def select_features(obs: Any, indices: Sequence[int]) -> Any:
-    """Keep the features `indices` of the last axis: `[..., D] -> [..., len(indices)]`.
-
-    Works on NumPy (envpool) and jax (gymnax, under jit) arrays; the result has the input's array type.
-    """
-    if obs.ndim == 0:
-        raise ValueError("select_features: observations must have a feature axis, got a scalar")
-    indices = _check_indices(indices, obs.shape[-1])
-    return obs[..., np.asarray(indices)]
-
-
-def hide_cartpole_velocities(obs: Any) -> Any:
-    """CartPole `[..., 4] -> [..., 2]` keeping (x, theta): the partially observable CartPole."""
-    if obs.shape[-1] != 4:
-        raise ValueError(f"hide_cartpole_velocities: expected CartPole observations [..., 4], got {obs.shape}")
-    return select_features(obs, CARTPOLE_POSITIONS)
 
 
 class ObservationFeatureWrapper(GymnaxWrapper):
@@ -96,11 +73,3 @@ class ObservationFeatureWrapper(GymnaxWrapper):
         if "final_observation" in info:
             info["final_observation"] = self._select(info["final_observation"])
         return self._select(obs), state, reward, terminated, truncated, info
-
-
-def hide_cartpole_velocities_env(env, params=None) -> ObservationFeatureWrapper:
-    """Partially observable gymnax CartPole: only cart position and pole angle are observed."""
-    dim = env.observation_space(env.default_params if params is None else params).shape
-    if dim != (4,):
-        raise ValueError(f"hide_cartpole_velocities_env: expected CartPole observations of shape (4,), got {dim}")
-    return ObservationFeatureWrapper(env, CARTPOLE_POSITIONS, params)

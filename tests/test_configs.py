@@ -9,8 +9,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from agents import available_agents, make_agent
-from rl.config import CONFIG_DIR, ConfigError, agent_config, compose, env_config, validate
+from agents import agent_config, available_agents, make_agent
+from rl.config import CONFIG_DIR, ConfigError, compose, env_config, validate
 from rl.gymnax_source import make_source
 
 

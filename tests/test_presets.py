@@ -8,7 +8,8 @@ import functools
 
 import pytest
 
-from rl.config import CONFIG_DIR, agent_config, compose, validate
+from agents import agent_config
+from rl.config import CONFIG_DIR, compose, validate
 
 AGENTS = ("dqn", "r2d2", "muesli")
 ENVS = sorted(str(p.relative_to(CONFIG_DIR / "env").with_suffix("")) for p in (CONFIG_DIR / "env").rglob("*.yaml"))

@@ -11,8 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import rl.config  # registers the structured base config
-from agents import make_agent
-from rl.config import ConfigError, agent_config
+from agents import agent_config, make_agent
+from rl.config import ConfigError
 from rl.experiment import build
 from rl.sebulba_actor import Rollout, new_tracker
 from rl.sebulba_learner import Learner

@@ -35,12 +35,15 @@ import optax
 import rlax
 from flax import struct
 
-from agents.muesli_networks import MuesliNetwork, MuesliNetworkConfig, make_network
+import agents
+from agents.muesli.networks import MuesliNetwork, MuesliNetworkConfig, make_network
 from buffers.sequences import make_sequence_buffer
 from rl import sharding
+from rl.agent import episode_done
 from rl.categorical import CategoricalSupport
 from rl.optim import OptimConfig, make_optimizer
 from rl.retrace import RetraceTargets, retrace_coefficients, retrace_targets
+from rl.target_update import update_target
 
 
 @dataclasses.dataclass
@@ -158,16 +161,12 @@ def unroll_masks(valid: jax.Array, terminated: jax.Array, truncated: jax.Array, 
     return same, prev_same, absorbing
 
 
-def _episode_end(step) -> jax.Array:
-    return step["terminated"] | step["truncated"]
-
-
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     mask = mask.astype(x.dtype)
     return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-class MuesliAgent:
+class Muesli:
     """The agent surface of rl/agent.py; static configuration and pure methods."""
 
     def __init__(self, cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
@@ -187,7 +186,7 @@ class MuesliAgent:
         self.buffer = make_sequence_buffer(
             num_envs=self.num_envs, capacity_per_env=capacity_per_env, sequence_length=cfg.sequence_length,
             period=1, start="any", cross_episodes=True, length_power=cfg.length_power,
-            online_window=cfg.sequence_length, done_fn=_episode_end)
+            online_window=cfg.sequence_length, done_fn=episode_done)
 
     # ---- the rl/agent.py surface -------------------------------------------------------------------
 
@@ -246,10 +245,11 @@ class MuesliAgent:
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        target_params = optax.incremental_update(params, state.target_params, self.cfg.target_update_rate)
+        updates = state.updates + 1
+        target_params = update_target(state.target_params, params, updates, rate=self.cfg.target_update_rate)
         metrics = {**metrics, **target_metrics, "grad_norm": optax.global_norm(grads)}
         state = MuesliState(params=params, target_params=target_params, opt_state=opt_state, adv_ema=adv_ema,
-                            updates=state.updates + 1)
+                            updates=updates)
         return state, metrics
 
     def _apply(self, params, method, *args):
@@ -361,9 +361,7 @@ class MuesliAgent:
         return loss, metrics
 
 
-def make_agent(agent_cfg, *, obs_shape, obs_dtype, num_actions, num_envs) -> MuesliAgent:
-    """Build Muesli from the `agent` config section (dict, DictConfig or `Config`)."""
-    from rl.config import agent_config
-
-    cfg = agent_cfg if isinstance(agent_cfg, Config) else agent_config(agent_cfg)
-    return MuesliAgent(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions, num_envs=num_envs)
+def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Muesli:
+    """Registry entry (agents/__init__.py); a yaml section is typed by `agents.agent_config` first."""
+    return Muesli(agents.agent_config(cfg), obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
+                  num_envs=num_envs)

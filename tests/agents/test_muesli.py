@@ -7,8 +7,9 @@ import pytest
 import rlax
 from hydra import compose, initialize
 
+from agents import agent_config
 from agents.muesli import Config, cmpo_log_probs, episode_index, make_agent, unroll_indices, unroll_masks
-from rl.config import ConfigError, agent_config
+from rl.config import ConfigError
 
 SMALL = {"name": "muesli", "batch_size": 8, "sequence_length": 6, "unroll_steps": 3, "num_atoms": 21,
          "support_min": -10.0, "support_max": 10.0, "replay_capacity": 64, "train_interval": 4,
@@ -261,7 +262,7 @@ def reference_problem():
 
 
 def _net(agent, params, method, *args):
-    from agents.muesli_networks import MuesliNetwork
+    from agents.muesli.networks import MuesliNetwork
 
     return agent.network.apply(params, *args, method=getattr(MuesliNetwork, method))
 

@@ -1,4 +1,4 @@
-"""agents/muesli_networks.py: the learned model choice (`agent.network.model`: mlp | lstm).
+"""agents/muesli/networks.py: the learned model choice (`agent.network.model`: mlp | lstm).
 
 The LSTM model (the paper's form): its state is `[h, c]`, h_0 from the representation, one one-hot action per
 unroll step; it must build, unroll K steps with the agent's shapes, and learn on a fixed batch.
@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agents import agent_config
 from agents.muesli import Config, make_agent
-from agents.muesli_networks import MuesliNetwork
-from rl.config import ConfigError, agent_config
+from agents.muesli.networks import MuesliNetwork
+from rl.config import ConfigError
 
 S, A, N, K, B, L = 16, 3, 21, 3, 4, 6
 SMALL = {"name": "muesli", "batch_size": B, "sequence_length": L, "unroll_steps": K, "num_atoms": N,

@@ -11,7 +11,7 @@ import pytest
 from rl.config import ConfigError, to_dataclass
 from rl.optim import OptimConfig, make_optimizer
 from rl.schedules import linear
-from rl.targets import nstep_returns, q_target, td_loss
+from rl.targets import q_target, td_loss
 
 
 def test_q_target_double_and_max():
@@ -32,24 +32,6 @@ def test_td_loss():
     np.testing.assert_allclose(td_loss(td, "mse"), 0.5 * td**2, rtol=1e-6)
     with pytest.raises(ValueError, match="loss must be one of"):
         td_loss(td, "l1")
-
-
-def test_nstep_returns_against_loop():
-    rng = np.random.default_rng(1)
-    T, B, n, lam = 7, 3, 3, 1.0
-    r = rng.normal(size=(T, B)).astype(np.float32)
-    disc = (0.9 * (rng.random((T, B)) > 0.2)).astype(np.float32)
-    v = rng.normal(size=(T, B)).astype(np.float32)
-    expected = np.zeros((T, B), np.float32)
-    for t in range(T):
-        for b in range(B):
-            g, scale = 0.0, 1.0
-            k = min(n, T - t)
-            for i in range(k):
-                g += scale * r[t + i, b]
-                scale *= disc[t + i, b]
-            expected[t, b] = g + scale * v[t + k - 1, b]
-    np.testing.assert_allclose(nstep_returns(r, disc, v, n, lam), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_linear_schedule():

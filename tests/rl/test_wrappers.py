@@ -4,40 +4,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.wrappers import (
-    ObservationFeatureWrapper,
-    hide_cartpole_velocities,
-    hide_cartpole_velocities_env,
-    select_features,
-)
-
-
-def test_select_features_numpy_and_jax_match_reference():
-    obs = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-    expected = np.stack([obs[..., 3], obs[..., 1]], axis=-1)
-    out_np = select_features(obs, (3, 1))
-    assert isinstance(out_np, np.ndarray)
-    np.testing.assert_array_equal(out_np, expected)
-    out_jax = jax.jit(lambda o: select_features(o, (3, 1)))(jnp.asarray(obs))
-    np.testing.assert_array_equal(np.asarray(out_jax), expected)
-
-
-def test_hide_cartpole_velocities_keeps_positions():
-    obs = np.array([[0.1, 1.0, 0.2, 2.0], [0.3, 3.0, 0.4, 4.0]], np.float32)
-    np.testing.assert_array_equal(hide_cartpole_velocities(obs), obs[:, [0, 2]])
-    with pytest.raises(ValueError, match=r"expected CartPole observations \[\.\.\., 4\]"):
-        hide_cartpole_velocities(np.zeros((2, 3)))
+from rl.wrappers import ObservationFeatureWrapper
 
 
 @pytest.mark.parametrize("indices, match", [((), "empty"), ((0, 0), "duplicates"), ((5,), "out of range")])
-def test_select_features_bad_indices(indices, match):
+def test_bad_feature_indices(indices, match):
+    env, params = gymnax.make("CartPole-v1")
     with pytest.raises(ValueError, match=match):
-        select_features(np.zeros((2, 4)), indices)
+        ObservationFeatureWrapper(env, indices, params)
 
 
 def test_gymnax_wrapper_masks_reset_step_and_final_observation():
     env, params = gymnax.make("CartPole-v1")
-    wrapped = hide_cartpole_velocities_env(env, params)
+    wrapped = ObservationFeatureWrapper(env, (0, 2), params)
     space = wrapped.observation_space(params)
     assert space.shape == (2,)
     np.testing.assert_allclose(np.asarray(space.low), np.asarray(env.observation_space(params).low)[[0, 2]])
@@ -65,7 +44,5 @@ def test_gymnax_wrapper_masks_reset_step_and_final_observation():
 
 def test_gymnax_wrapper_rejects_bad_spaces():
     env, params = gymnax.make("MemoryChain-bsuite")
-    with pytest.raises(ValueError, match=r"expected CartPole observations of shape \(4,\)"):
-        hide_cartpole_velocities_env(env, params)
     with pytest.raises(ValueError, match="out of range"):
         ObservationFeatureWrapper(env, (3,), params)
