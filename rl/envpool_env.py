@@ -36,6 +36,11 @@ class EnvConfig:
     sync_interval: int = 1  # chunks between two copies of the agent state to the actor
     xla: str = "auto"  # envpool's XLA handle inside jit: auto (probe, else host loop) | on | off
     eval_max_steps: int | None = None  # recv cap of the final evaluation (null: 2 x the episode limit)
+    # Several actor threads and devices (rl/sebulba.py): each thread owns num_envs / actor_threads envs
+    # (batch_size / actor_threads per recv) and acts on actor device (thread index % actor devices).
+    actor_threads: int = 1
+    actor_devices: int | None = None  # null: act on device 0 (with the learner); N: the first N devices act
+    learner_devices: int | None = None  # null: device 0, or all devices after the actors'; M: M devices learn
 
     def __post_init__(self):
         import envpool
@@ -44,11 +49,14 @@ class EnvConfig:
             raise ValueError(f"env.source must be 'envpool' for an envpool env config, got {self.source!r}")
         if self.id not in envpool.list_all_envs():
             raise ValueError(f"env.id={self.id!r} is not an envpool task id; see envpool.list_all_envs()")
-        for key in ("recvs_per_chunk", "queue_size", "sync_interval"):
+        for key in ("recvs_per_chunk", "queue_size", "sync_interval", "actor_threads"):
             if getattr(self, key) < 1:
                 raise ValueError(f"env.{key} must be >= 1, got {getattr(self, key)}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"env.batch_size must be >= 1 or null, got {self.batch_size}")
+        for key in ("actor_devices", "learner_devices"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"env.{key} must be >= 1 or null, got {getattr(self, key)}")
         if self.xla not in ("auto", "on", "off"):
             raise ValueError(f"env.xla must be auto, on or off, got {self.xla!r}")
 

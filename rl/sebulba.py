@@ -18,6 +18,16 @@ the agent). One process, two threads, one JAX device:
 * State (what is checkpointed): `{"agent", "buffer", "key", "actor_key"}`. Resuming restores them; envs
   restart with fresh episodes (envpool has no state to save), so a resumed run continues but is not
   bit-identical, and the last step stored per env before the checkpoint is not marked done.
+* Several actor threads and devices (`env.actor_threads`, `env.actor_devices`, `env.learner_devices`;
+  default: one thread, everything on device 0): thread i owns its own envpool env of `num_envs / T` envs
+  (seeds and env ids offset by `i * num_envs / T`, so it writes its own buffer rows) and acts on actor
+  device `i % A`; all threads share one queue of `queue_size * T` chunks. With L > 1 learner devices the
+  learner's state lives on a `(seed=1, data=L)` mesh of rl/sharding.py (agent state and key replicated,
+  buffer split on its first axis where it divides), its update is traced under that mesh, so the agents'
+  `shard_batch` splits each sampled batch over the L devices and XLA averages the gradients: the same
+  update as on one device up to float summation order. Chunks are moved to the learner devices on the
+  actor threads; every `sync_interval` chunks a copy of the agent state is published to every actor
+  device. Several hosts are not supported by this runner yet (it places state from one process).
 * `evaluate` plays whole greedy episodes in a fresh sync envpool (Atari: the game's raw score over all
   lives).
 """
@@ -26,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import queue
+import time
 import warnings
 
 import jax
@@ -33,14 +45,38 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig
 
+from rl import sharding
 from rl.config import ConfigError, env_config
 from rl.envpool_env import build_source, use_xla
 from rl.envpool_source import EnvpoolSource, track
-from rl.sebulba_actor import ActorThread, Mailbox, Rollout, new_tracker
+from rl.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
 from rl.sebulba_learner import Learner, summarise
 
 # Donating the learner key or a step counter XLA cannot reuse only warns; the storage is what matters.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+def split_devices(actor_devices: int | None, learner_devices: int | None, devices=None) -> tuple[list, list]:
+    """`(actor devices, learner devices)` for the `env.actor_devices` / `env.learner_devices` keys. Both
+    null: device 0 for both (one device, as without these keys). `actor_devices=N`: the first N devices act
+    and the learner takes the next M (`learner_devices=M`; null: all the remaining ones; the two sets are
+    disjoint, so N must leave at least one device). Only `learner_devices=M`: the first M devices learn and
+    the actors act on device 0 (shared with the learner)."""
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    if actor_devices is None:
+        m = learner_devices or 1
+        if m > n:
+            raise ConfigError(f"env.learner_devices={m} but only {n} devices exist")
+        return devices[:1], devices[:m]
+    if actor_devices > n:
+        raise ConfigError(f"env.actor_devices={actor_devices} but only {n} devices exist")
+    m = learner_devices if learner_devices is not None else n - actor_devices
+    if m < 1 or actor_devices + m > n:
+        raise ConfigError(f"env.actor_devices={actor_devices} + env.learner_devices={learner_devices} need "
+                          f"{actor_devices + max(m, 1)} devices, {n} exist (actors take the first devices, "
+                          "the learner the next ones)")
+    return devices[:actor_devices], devices[actor_devices:actor_devices + m]
 
 
 class Sebulba:
@@ -54,81 +90,152 @@ class Sebulba:
                               "launch one run per seed (e.g. hydra -m seed=0,1,2)")
         self.cfg, self.agent, self.source = cfg, agent, source
         self.env_cfg = env_config(cfg.env)
-        self.learner = Learner(agent, source.num_envs, cfg.get("on_nonfinite", "stop"))
-        self.rollout = Rollout(agent, source, self.env_cfg.recvs_per_chunk, use_xla(self.env_cfg))
-        self.steps_per_chunk = self.rollout.k * source.batch_size
+        threads = int(self.env_cfg.actor_threads)
+        num_envs, batch = source.num_envs, source.batch_size
+        if num_envs % threads or batch % threads:
+            raise ConfigError(f"num_envs={num_envs} and the envs per recv ({batch}, env.batch_size) must both "
+                              f"be divisible by env.actor_threads={threads}")
+        self.actor_devices, self.learner_devices = split_devices(self.env_cfg.actor_devices,
+                                                                 self.env_cfg.learner_devices)
+        self.mesh = sharding.mesh_over(self.learner_devices) if len(self.learner_devices) > 1 else None
+        if self.mesh is not None and int(getattr(agent, "batch_size", 0) or 0) % len(self.learner_devices):
+            raise ConfigError(f"agent.batch_size={agent.batch_size} is not divisible by the "
+                              f"{len(self.learner_devices)} learner devices (env.learner_devices)")
+        self.learner = Learner(agent, num_envs, cfg.get("on_nonfinite", "stop"))
+        xla = use_xla(self.env_cfg)
+        if threads == 1:
+            self.sources = [source]
+        else:  # one envpool env per thread; env i keeps the seed it has in one pool of num_envs (seed + i)
+            source.close()
+            per = num_envs // threads
+            self.sources = [build_source(self.env_cfg, per, seed=int(cfg.seed) + i * per,
+                                         batch_size=batch // threads) for i in range(threads)]
+        self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=i * src.num_envs)
+                         for i, src in enumerate(self.sources)]
+        self.rollout = self.rollouts[0]
+        self.steps_per_chunk = self.rollout.k * self.sources[0].batch_size
         self.copy = jax.jit(lambda s: jax.tree_util.tree_map(jnp.copy, s))
+        self.shardings = None  # set by `init` (the state's structure is needed)
         self.used = False
+
+    # --- placement ----------------------------------------------------------------------------------
+    def _shardings(self, state):
+        if self.mesh is None:
+            one = jax.sharding.SingleDeviceSharding(self.learner_devices[0])
+            return jax.tree_util.tree_map(lambda _: one, state)
+        return {k: sharding.leading_shardings(self.mesh, v, shard_data=k == "buffer") for k, v in state.items()}
+
+    def _chunk_sharding(self):
+        if self.mesh is None:
+            return jax.sharding.SingleDeviceSharding(self.learner_devices[0])
+        return sharding.replicated(self.mesh)
+
+    def publish(self, agent_state) -> dict:
+        """A copy of the learner's agent state on every actor device (the learner donates its own)."""
+        copy = self.copy(agent_state)
+        return {d: jax.block_until_ready(jax.device_put(copy, d)) for d in self.actor_devices}
 
     # --- host-loop interface (rl/loop.py) ------------------------------------------------------------
     def init(self) -> dict:
-        """Initial `{"agent", "buffer", "key", "actor_key"}` from `cfg.seed`."""
+        """Initial `{"agent", "buffer", "key", "actor_key"}` from `cfg.seed`, on the learner devices."""
         k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(int(self.cfg.seed)), 3)
         obs = self.source.obs_example()
         # Jitted (eager network init is slow), then copied: leaves that share a buffer (e.g. target params =
         # params at init) cannot be donated together.
         agent_state = self.copy(jax.jit(self.agent.init)(k_agent, obs))
         buffer_state = self.copy(jax.jit(lambda: self.agent.buffer.init(self.agent.step_prototype(obs)))())
-        return {"agent": agent_state, "buffer": buffer_state, "key": k_learn, "actor_key": k_act}
+        return self.place({"agent": agent_state, "buffer": buffer_state, "key": k_learn, "actor_key": k_act})
 
     def restore_target(self):
         return jax.eval_shape(self.init)
 
     def place(self, state):
-        return state
+        if self.shardings is None:
+            self.shardings = self._shardings(state)
+        if self.mesh is None and self.learner_devices[0] == jax.devices()[0]:
+            return state  # the single-device default: nothing to move
+        return jax.device_put(state, self.shardings)
 
     def rounded_total(self, total_steps: int) -> int:
         return math.ceil(total_steps / self.steps_per_chunk) * self.steps_per_chunk
 
     @contextlib.contextmanager
     def session(self, state, env_steps: int, learn: bool = True):
-        """Start the actor thread (once per runner: the envpool env cannot be restarted mid-flight); yields
+        """Start the actor threads (once per runner: the envpool envs cannot be restarted mid-flight); yields
         the object whose `advance` the host loop calls. `learn=False`: no train steps (benchmarks)."""
         if self.used:
             raise RuntimeError("a Sebulba runner runs one session (its envpool env cannot be restarted)")
         self.used = True
-        tracker = new_tracker(self.agent, state["agent"], self.source)
-        mailbox = Mailbox(jax.block_until_ready(self.copy(state["agent"])))
+        published = self.publish(state["agent"])
+        mailboxes = {d: Mailbox(v) for d, v in published.items()}
+        threads = len(self.rollouts)
+        chunks = queue.Queue(maxsize=self.env_cfg.queue_size * threads)
+        to_learner = None
+        if self.mesh is not None or self.actor_devices != self.learner_devices[:1] or len(self.actor_devices) > 1:
+            target = self._chunk_sharding()
+            to_learner = lambda c: jax.device_put(c, target)  # noqa: E731
         # A fresh actor stream per (re)start: the envs restart anyway.
-        actor = ActorThread(self.rollout, tracker, mailbox, jax.random.fold_in(state["actor_key"], env_steps),
-                            self.env_cfg.queue_size)
-        actor.start()
+        key = jax.random.fold_in(state["actor_key"], env_steps)
+        actors = []
+        for i, rollout in enumerate(self.rollouts):
+            device = self.actor_devices[i % len(self.actor_devices)]
+            tracker = new_tracker(self.agent, published[device], rollout.source)
+            actors.append(ActorThread(rollout, tracker, mailboxes[device], key if threads == 1 else
+                                      jax.random.fold_in(key, i), self.env_cfg.queue_size, chunks=chunks,
+                                      device=device, to_learner=to_learner, name=f"sebulba-actor-{i}"))
+        group = Actors(actors)
+        group.start()
+        session = _Session(self, group, mailboxes, learn)
         try:
-            yield _Session(self, actor, mailbox, learn)
+            yield session
         finally:
-            actor.finish()
-            self.source.close()
-        if actor.error is not None:
-            raise RuntimeError("the Sebulba actor thread failed") from actor.error
+            group.finish()
+            for src in self.sources:
+                src.close()
+        if group.error is not None:
+            raise RuntimeError("the Sebulba actor thread failed") from group.error
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy scores `[1, episodes]`."""
-        return evaluate(self.agent, state["agent"], self.env_cfg, episodes, int(self.cfg.seed) + 10**6, key,
+        agent_state = jax.device_put(self.copy(state["agent"]), self.actor_devices[0])
+        return evaluate(self.agent, agent_state, self.env_cfg, episodes, int(self.cfg.seed) + 10**6, key,
                         self.env_cfg.eval_max_steps)[None]
 
 
 class _Session:
-    """The learner side of a running Sebulba session."""
+    """The learner side of a running Sebulba session. `stats()`: seconds the learner waited for chunks and
+    spent in updates (dispatch to ready, at each publish), and the actors' busy / blocked seconds."""
 
-    def __init__(self, runner: Sebulba, actor: ActorThread, mailbox: Mailbox, learn: bool):
-        self.runner, self.actor, self.mailbox, self.learn = runner, actor, mailbox, learn
+    def __init__(self, runner: Sebulba, actors: Actors, mailboxes: dict, learn: bool):
+        self.runner, self.actors, self.mailboxes, self.learn = runner, actors, mailboxes, learn
+        self.actor = actors  # the chunk getter (one or several threads)
         self.chunks = 0
+        self.update_s = 0.0
 
     def advance(self, state, env_steps: int, until: int):
         """Actor chunks (each written, then trained on) until `until` env steps; returns the log values."""
         r, learner = self.runner, self.runner.learner
-        totals = learner.zero_totals(state["agent"], state["buffer"])
         agent, buffer, key = state["agent"], state["buffer"], state["key"]
-        while env_steps < until:
-            chunk = self.actor.get()
-            before, env_steps = env_steps, env_steps + r.steps_per_chunk
-            n = learner.updates_due(env_steps) - learner.updates_due(before) if self.learn else 0
-            agent, buffer, key, totals = learner.update(agent, buffer, key, totals, chunk, np.int32(n),
-                                                        np.int32(env_steps))
-            self.chunks += 1
-            if self.learn and self.chunks % r.env_cfg.sync_interval == 0:
-                self.mailbox.put(jax.block_until_ready(r.copy(agent)))
+        with sharding.use_mesh(r.mesh):
+            totals = learner.zero_totals(agent, buffer)
+            if r.shardings is not None and (r.mesh is not None or r.learner_devices[0] != jax.devices()[0]):
+                totals = jax.device_put(totals, r._chunk_sharding())
+            while env_steps < until:
+                chunk = self.actors.get()
+                t0 = time.perf_counter()
+                before, env_steps = env_steps, env_steps + r.steps_per_chunk
+                n = learner.updates_due(env_steps) - learner.updates_due(before) if self.learn else 0
+                agent, buffer, key, totals = learner.update(agent, buffer, key, totals, chunk, np.int32(n),
+                                                            np.int32(env_steps))
+                self.chunks += 1
+                if self.learn and self.chunks % r.env_cfg.sync_interval == 0:
+                    for d, v in r.publish(agent).items():
+                        self.mailboxes[d].put(v)
+                self.update_s += time.perf_counter() - t0
         return {**state, "agent": agent, "buffer": buffer, "key": key}, env_steps, summarise(totals)
+
+    def stats(self) -> dict:
+        return {**self.actors.stats(), "learner_update_s": self.update_s, "chunks": self.chunks}
 
 
 def evaluate(agent, agent_state, env_cfg, episodes: int, seed: int, key: jax.Array,

@@ -10,6 +10,13 @@ published to its `Mailbox` (the learner donates its own state into every update,
 and never waits for the learner except on a full queue. Errors are kept and re-raised by `get()` on the
 learner's thread.
 
+Several actor threads (`env.actor_threads`): each owns its own envpool env (a slice of the envs, env ids
+offset by `env_offset` so its chunks address its own buffer rows), its own tracker and key, and acts on
+its own device; all put their chunks into one shared queue, read by `Actors.get()`. Each thread blocks on
+its chunk before queueing it and then moves it to the learner's devices (`to_learner`), so the transfer
+runs on the actor's thread; `busy_s` / `blocked_s` count its seconds computing and waiting on a full
+queue (the benchmark's starved-or-slow diagnosis).
+
 Shapes: E = num_envs, M = envs per recv, K = recvs per chunk.
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any
 
 import jax
@@ -51,8 +59,9 @@ def new_tracker(agent, agent_state, source: EnvpoolSource, explore: bool = True)
 class Rollout:
     """`rollout(tracker, acting, key, index) -> (tracker, Chunk)`: one actor chunk (see the module doc)."""
 
-    def __init__(self, agent, source: EnvpoolSource, recvs_per_chunk: int, use_xla: bool):
+    def __init__(self, agent, source: EnvpoolSource, recvs_per_chunk: int, use_xla: bool, env_offset: int = 0):
         self.agent, self.source, self.k, self.use_xla = agent, source, int(recvs_per_chunk), use_xla
+        self.env_offset = int(env_offset)  # global id of this source's env 0 (several actor threads)
         self.batch = source.batch_size
         self._keys = jax.jit(self._chunk_keys)
         self._act = jax.jit(self.act_step, donate_argnums=0)
@@ -76,7 +85,8 @@ class Rollout:
         tracker, actions, tr, episodes = track(tracker, recv, obs, act, agent.initial_carry(self.batch))
         steps = agent.make_step(tr.obs, tr.action, tr.reward, tr.terminated, tr.truncated, tr.next_obs,
                                 tr.carry, tr.extras)
-        return tracker, actions, Chunk(steps=steps, env_ids=recv.env_id, mask=tr.valid, episodes=episodes)
+        ids = recv.env_id + self.env_offset if self.env_offset else recv.env_id
+        return tracker, actions, Chunk(steps=steps, env_ids=ids, mask=tr.valid, episodes=episodes)
 
     def _scan_fn(self, handle, tracker, acting, key, index):
         def body(c, k):
@@ -117,44 +127,99 @@ class Mailbox:
 
 
 class ActorThread(threading.Thread):
-    """Runs `rollout` into a queue of at most `queue_size` chunks until `finish()`."""
+    """Runs `rollout` into a queue of at most `queue_size` chunks (or into the shared `chunks` queue of
+    several threads) until `finish()`. `device`: where it acts (tracker and key are put there; the mailbox
+    must hold agent states on it); `to_learner(chunk)`: moves a finished chunk to the learner."""
 
-    def __init__(self, rollout: Rollout, tracker, acting: Mailbox, key, queue_size: int, first_index: int = 0):
-        super().__init__(daemon=True, name="sebulba-actor")
+    def __init__(self, rollout: Rollout, tracker, acting: Mailbox, key, queue_size: int, first_index: int = 0,
+                 chunks: queue.Queue | None = None, device=None, to_learner=None, name: str = "sebulba-actor"):
+        super().__init__(daemon=True, name=name)
+        if device is not None:
+            tracker, key = jax.device_put((tracker, key), device)
         self.rollout, self.tracker, self.acting, self.key = rollout, tracker, acting, key
-        self.chunks: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.chunks: queue.Queue = chunks if chunks is not None else queue.Queue(maxsize=queue_size)
+        self.to_learner = to_learner
         self._stop_event = threading.Event()
         self.error: BaseException | None = None
         self.index = first_index
+        self.busy_s = 0.0  # seconds producing chunks (rollout until ready, transfer dispatch)
+        self.blocked_s = 0.0  # seconds waiting on a full queue (the learner is behind)
 
     def run(self):
         try:
             self.rollout.source.reset()
             tracker = self.tracker
             while not self._stop_event.is_set():
+                t0 = time.perf_counter()
                 tracker, chunk = self.rollout(tracker, self.acting.get(), self.key, self.index)
+                chunk = jax.block_until_ready(chunk)
+                if self.to_learner is not None:
+                    chunk = self.to_learner(chunk)
                 self.index += 1
+                t1 = time.perf_counter()
+                self.busy_s += t1 - t0
                 while not self._stop_event.is_set():
                     try:
                         self.chunks.put(chunk, timeout=0.05)
                         break
                     except queue.Full:
                         continue
+                self.blocked_s += time.perf_counter() - t1
         except BaseException as e:  # noqa: BLE001 - handed to the learner thread, which re-raises
             self.error = e
             self._stop_event.set()
 
     def get(self) -> Chunk:
         """Next chunk (blocks); re-raises an actor error."""
-        while True:
-            if self.error is not None:
-                raise RuntimeError("the Sebulba actor thread failed") from self.error
-            try:
-                return self.chunks.get(timeout=0.05)
-            except queue.Empty:
-                if not self.is_alive() and self.error is None:
-                    raise RuntimeError("the Sebulba actor thread stopped without producing a chunk") from None
+        return Actors([self]).get()
+
+    def stop(self) -> None:
+        self._stop_event.set()
 
     def finish(self) -> None:
-        self._stop_event.set()
+        self.stop()
         self.join()
+
+
+class Actors:
+    """The actor threads of a session, sharing one chunk queue: `get()` the next chunk of any of them."""
+
+    def __init__(self, threads: list[ActorThread]):
+        self.threads = threads
+        self.chunks = threads[0].chunks
+        self.wait_s = 0.0  # seconds the learner waited for a chunk (it was starved)
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def get(self) -> Chunk:
+        t0 = time.perf_counter()
+        try:
+            while True:
+                for t in self.threads:
+                    if t.error is not None:
+                        raise RuntimeError(f"the Sebulba actor thread {t.name} failed") from t.error
+                try:
+                    return self.chunks.get(timeout=0.05)
+                except queue.Empty:
+                    if not any(t.is_alive() for t in self.threads):
+                        raise RuntimeError("the Sebulba actor threads stopped without producing a chunk") from None
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        for t in self.threads:
+            t.stop()
+        for t in self.threads:
+            t.join()
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((t.error for t in self.threads if t.error is not None), None)
+
+    def stats(self) -> dict:
+        """Seconds the actors computed / were blocked on a full queue (summed over threads) and the learner
+        waited for chunks."""
+        return {"actor_busy_s": sum(t.busy_s for t in self.threads),
+                "actor_blocked_s": sum(t.blocked_s for t in self.threads), "learner_wait_s": self.wait_s}

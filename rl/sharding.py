@@ -187,3 +187,30 @@ def describe(mesh: Mesh | None) -> str:
     return (f"{mesh.size} devices ({mesh.devices.flat[0].platform}, {jax.process_count()} process(es)): "
             f"seed={mesh.shape[SEED_AXIS]} x data={mesh.shape[DATA_AXIS]}")
 
+
+
+# --- Sebulba: a learner mesh over chosen devices (rl/sebulba.py) ----------------------------------------
+def mesh_over(devices) -> Mesh:
+    """A `(1, len(devices))` mesh with axes `("seed", "data")`, both `Auto`, over exactly `devices` (the
+    Sebulba learner's devices; `make_mesh` always takes the first ones)."""
+    devices = list(devices)
+    return Mesh(np.array(devices).reshape(1, len(devices)), (SEED_AXIS, DATA_AXIS),
+                axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def leading_shardings(mesh: Mesh, tree: PyTree, *, shard_data: bool) -> PyTree:
+    """Shardings for a tree without a seed axis (a Sebulba learner's state): with `shard_data`, axis 0 over
+    `data` where it divides (e.g. the buffer's env rows), otherwise replicated (the agent state). Any choice
+    is correct (computation follows data); the split only saves memory and spreads the buffer writes."""
+
+    def one(x):
+        shape = tuple(np.shape(x))
+        split = shard_data and len(shape) >= 1 and shape[0] % mesh.shape[DATA_AXIS] == 0
+        return NamedSharding(mesh, P(DATA_AXIS) if split else P())
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device of `mesh` holds the whole array."""
+    return NamedSharding(mesh, P())

@@ -6,6 +6,17 @@ For each seed count it compiles one chunk of the runner's loop (timed), then tim
 per seed (SPS = env steps per seed x seeds / s). It also times the agent's buffer operations alone (the
 same number of `add` and `sample` calls in a jitted loop) and reports their share of the training time.
 
+Sequential ceiling: in the same process it times the two halves of an iteration alone, each in one jitted
+scan, compile excluded: the actor side (act + env step + buffer add, `train_interval` vector steps per
+iteration, no train step; this run also fills the buffer) and the learner side (the agent's guarded
+`train_step` on that filled buffer, `--learner-steps` steps). With t_actor = actor seconds per env step and
+t_learner = train-step seconds / (num_envs * train_interval), the ceiling of a loop that does one after the
+other is 1 / (t_actor + t_learner) env steps per second (times seeds); the run's SPS is printed as a
+fraction of it (close to 1: nothing left to gain without overlapping or shrinking the halves; the run's
+iterations before `learning_starts` do not train, so a short run can exceed 1). The last line of output
+is one JSON object `{"agent", "env", "seeds", "sps", "ceiling_sps", "ceiling_fraction", "baseline_ratio"}`
+for the last seed count (`baseline_ratio` only with the PureJaxRL-style DQN baseline).
+
 With `agent=dqn` the PureJaxRL DQN CartPole hyperparameters are applied (`--no-preset` keeps the config's
 own): 10 envs, buffer 10k, batch 64, a gradient step every 10 env steps (every vector step), target copy
 every 500 env steps (50 updates), lr 2.5e-4, learning starts at 10k, MSE loss, plain (not double) DQN,
@@ -16,6 +27,8 @@ runs with the same hyperparameters in the same process, and the ratio of the two
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import time
 
@@ -35,7 +48,7 @@ PRESETS = {
         "num_envs=10", "agent.buffer_size=10000", "agent.batch_size=64", "agent.train_interval=1",
         "agent.updates_per_train=1", "agent.target_update_period=50", "agent.tau=1.0", "agent.optim.lr=2.5e-4",
         "agent.optim.max_grad_norm=0.0", "agent.learning_starts=10000", "agent.epsilon_start=1.0",
-        "agent.epsilon_end=0.05", "agent.epsilon_decay_steps=250000", "agent.gamma=0.99", "agent.n_step=1",
+        "agent.epsilon_end=0.05", "agent.epsilon_decay_steps=250000", "agent.discount=0.99", "agent.n_step=1",
         "agent.loss=mse", "agent.double_q=false", "agent.network.hidden_sizes=[120,84]",
         "agent.network.dueling=false", "agent.priority_exponent=null",
     ],
@@ -136,8 +149,9 @@ def _block(tree):
     return tree
 
 
-def bench_runner(overrides: list[str], seeds: int, steps: int) -> dict:
-    """Compile time and SPS of the Anakin runner for `steps` env steps per seed."""
+def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: int = 0) -> dict:
+    """Compile time and SPS of the Anakin runner for `steps` env steps per seed; with `learner_steps`, also
+    the actor and learner halves alone and the sequential ceiling (`bench_halves`)."""
     from rl.experiment import build
 
     cfg = compose([*overrides, f"seeds={seeds}", f"total_steps={steps}", "logger=none"])
@@ -157,7 +171,64 @@ def bench_runner(overrides: list[str], seeds: int, steps: int) -> dict:
               "return": np.asarray(out["episode_return"]).tolist()}
     result.update(bench_buffer(runner, iters, seeds))
     result["buffer_share"] = (result["buffer_add_s"] + result["buffer_sample_s"]) / run_s
+    if learner_steps:
+        result.update(bench_halves(runner, seeds, iters, learner_steps))
+        result["ceiling_fraction"] = result["sps"] / result["ceiling_sps"]
+        # The same bound for this run's schedule (no train step before `learning_starts`).
+        trained = max(iters - runner.learn_iter + 1, 0)
+        bound_s = env_steps * seeds * result["t_actor_per_env_step"] + trained * result["t_train_step"]
+        result["schedule_ceiling_fraction"] = result["sps"] / (env_steps * seeds / bound_s)
     return result
+
+
+def bench_halves(runner, seeds: int, iters: int, learner_steps: int) -> dict:
+    """The actor side and the learner side of the runner's iteration, each alone in one jitted scan
+    (compile excluded), and the sequential ceiling `1 / (t_actor + t_learner)` in env steps per second
+    (all seeds). The actor runs `max(min(iters, 5000), fill)` iterations, `fill` enough to reach
+    `learning_starts` and for the buffer to sample; the learner then runs `learner_steps` train steps
+    (every seed) on that buffer."""
+    from rl import sharding
+
+    agent = runner.agent
+    per_iter = runner.steps_per_iter  # env steps per seed per iteration
+    fill = math.ceil(max(int(agent.learning_starts), int(getattr(agent, "batch_size", 1) or 1)) / per_iter) + 1
+    actor_iters = max(min(iters, 5000), fill)
+
+    def actor(s):
+        def body(s, _):
+            s, finished = sharding.vmap_seeds(runner._collect)(s)
+            return s, finished["count"]
+
+        s, counts = jax.lax.scan(body, s, None, actor_iters)
+        return s, counts.sum()
+
+    def learner(s):
+        def body(s, _):
+            s, (metrics, _) = runner._train(s)
+            return s, jax.tree_util.tree_map(jnp.sum, metrics)
+
+        s, metrics = jax.lax.scan(body, s, None, learner_steps)
+        return s, metrics
+
+    with sharding.use_mesh(runner.mesh):
+        state, _ = _block(runner.init())
+        actor_fn = jax.jit(actor, donate_argnums=0).lower(state).compile()
+        t0 = time.perf_counter()
+        state, _ = _block(actor_fn(state))
+        actor_s = time.perf_counter() - t0
+        first = jax.tree_util.tree_map(lambda x: x[0], state.buffer)
+        if not bool(agent.buffer.can_sample(first)):
+            raise RuntimeError(f"the buffer cannot sample after {actor_iters} actor iterations")
+        learner_fn = jax.jit(learner, donate_argnums=0).lower(state).compile()
+        t0 = time.perf_counter()
+        state, _ = _block(learner_fn(state))
+        learner_s = time.perf_counter() - t0
+    t_actor = actor_s / (actor_iters * per_iter * seeds)  # seconds per env step (all seeds)
+    t_train = learner_s / learner_steps  # seconds per train step of every seed
+    t_learner = t_train / (per_iter * seeds)  # = train step time / (num_envs * train_interval), per seed
+    return {"actor_iters": actor_iters, "actor_s": actor_s, "learner_steps": learner_steps, "learner_s": learner_s,
+            "t_actor_per_env_step": t_actor, "t_train_step": t_train, "t_learner_per_env_step": t_learner,
+            "actor_sps": 1 / t_actor, "ceiling_sps": 1 / (t_actor + t_learner)}
 
 
 def bench_buffer(runner, iters: int, seeds: int) -> dict:
@@ -224,6 +295,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", default="1,16", help="comma-separated vmapped seed counts")
     parser.add_argument("--no-preset", action="store_true", help="keep the config's own hyperparameters")
     parser.add_argument("--no-baseline", action="store_true", help="skip the PureJaxRL-style baseline")
+    parser.add_argument("--learner-steps", type=int, default=500,
+                        help="train steps timed alone for the sequential ceiling (0: skip it)")
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
@@ -239,12 +312,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print("preset:", " ".join(preset))
     results = []
     for seeds in (int(s) for s in args.seeds.split(",")):
-        r = bench_runner(overrides, seeds, args.steps)
+        r = bench_runner(overrides, seeds, args.steps, args.learner_steps)
         line = (f"[ours]     seeds={seeds:3d}  compile {r['compile_s']:6.1f}s  run {r['run_s']:7.2f}s  "
                 f"SPS {r['sps']:12,.0f}  buffer ops {100 * r['buffer_share']:5.1f}% "
                 f"(add {r['buffer_add_s']:.2f}s, sample {r['buffer_sample_s']:.2f}s)  "
                 f"mean return over the run {np.nanmean(r['return']):.1f}")
         print(line, flush=True)
+        if args.learner_steps:
+            print(f"[halves]   seeds={seeds:3d}  actor alone {r['actor_sps']:12,.0f} SPS "
+                  f"({1e6 * r['t_actor_per_env_step']:.3f} us/env step over {r['actor_iters']} iterations); "
+                  f"train step {1e3 * r['t_train_step']:.3f} ms ({1e6 * r['t_learner_per_env_step']:.3f} us/env "
+                  f"step over {r['learner_steps']} steps); sequential ceiling {r['ceiling_sps']:12,.0f} SPS; "
+                  f"run at {100 * r['ceiling_fraction']:.1f}% of it "
+                  f"({100 * r['schedule_ceiling_fraction']:.1f}% of the bound for this run's schedule, which has "
+                  f"no train step before learning_starts)", flush=True)
         if baseline:
             b = bench_baseline(seeds, args.steps)
             r["baseline"] = b
@@ -252,6 +333,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"SPS {b['sps']:12,.0f}  last episode return {np.mean(b['return']):.1f}", flush=True)
             print(f"           ratio ours / purejaxrl-style: {r['sps'] / b['sps']:.2f}x", flush=True)
         results.append(r)
+    last = results[-1]
+    record = {"agent": agent, "env": env, "seeds": last["seeds"], "sps": last["sps"],
+              "ceiling_sps": last.get("ceiling_sps"), "ceiling_fraction": last.get("ceiling_fraction")}
+    if "baseline" in last:
+        record["baseline_ratio"] = last["sps"] / last["baseline"]["sps"]
+    print(json.dumps(record), flush=True)  # the last line: machine-readable
     return results
 
 
