@@ -10,7 +10,7 @@ What: on the CPU backend (`jax.default_backend() == "cpu"`, decided when the fun
 `conv2d` and `max_pool` are `jax.custom_vjp`s whose primal is XLA's own op (an undifferentiated forward
 pass, e.g. acting, is as fast as before) and whose differentiated forward pass is the fast form:
 
-* conv: im2col built by slicing (one strided slice per kernel tap, concatenated on the channel axis) and
+* conv: im2col built by slicing (one strided slice per kernel tap, stacked on the channel axis) and
   one matmul with the kernel reshaped to `[kh * kw * C, F]`; a strided conv whose kernel is a multiple of
   its stride (the Nature CNN's 8x8/4 and 4x4/2) is first turned into a stride-1 conv by space-to-depth
   (`[H, W, C] -> [H/s, W/s, s*s*C]`), so it needs (k/s)^2 slices instead of k^2. Slicing beat
@@ -106,8 +106,10 @@ def _im2col_conv(x, kernel, strides, pads, precision):
         kernel = kernel.reshape(kh // sh, sh, kw // sw, sw, c, f).transpose(0, 2, 1, 3, 4, 5)
         kh, kw, c, sh, sw = kh // sh, kw // sw, sh * sw * c, 1, 1
         kernel = kernel.reshape(kh, kw, c, f)
+        x = lax.optimization_barrier(x)  # materialise the blocks: fused into the slices they are slow
     taps, _, _ = _taps(x, (kh, kw), (sh, sw))
-    cols = taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
+    # Stacked on a new axis then merged: on XLA:CPU ~4x faster than concatenating on the channel axis.
+    cols = jnp.stack(taps, axis=-2).reshape(taps[0].shape[:-1] + (kh * kw * c,))
     return jnp.dot(cols, kernel.reshape(kh * kw * c, f), precision=precision)
 
 
