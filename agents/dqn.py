@@ -23,6 +23,7 @@ import agents
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
 from rl import sharding
+from rl.agent import StepFormat, standard_step_spec
 from rl.exploration import epsilon_greedy
 from rl.networks import NetworkConfig, make_q_network
 from rl.optim import OptimConfig, make_optimizer
@@ -36,7 +37,7 @@ class Config:
     """configs/agent/dqn.yaml."""
 
     name: str = "dqn"
-    gamma: float = 0.99
+    discount: float = 0.99
     n_step: int = 1
     batch_size: int = 64
     buffer_size: int = 10_000  # transitions in all, split evenly into one row per env
@@ -67,8 +68,8 @@ class Config:
                 raise ValueError(f"agent.{key} must be >= 1, got {getattr(self, key)}")
         if self.learning_starts < 0 or self.epsilon_decay_steps < 0:
             raise ValueError("agent.learning_starts and agent.epsilon_decay_steps must be >= 0")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"agent.gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"agent.discount must be in [0, 1], got {self.discount}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"agent.tau must be in (0, 1], got {self.tau}")
         if self.loss not in LOSSES:
@@ -88,7 +89,7 @@ class DQNState:
     updates: jax.Array  # int32 gradient steps taken
 
 
-class DQN:
+class DQN(StepFormat):
     """The DQN agent (rl/agent.py protocol) for one observation shape and action count."""
 
     def __init__(self, cfg: Config, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
@@ -101,9 +102,10 @@ class DQN:
             )
         self.cfg, self.num_actions, self.num_envs = cfg, num_actions, num_envs
         self.obs_shape, self.obs_dtype = tuple(obs_shape), jnp.dtype(obs_dtype)
+        self.step_spec = standard_step_spec(self.obs_dtype, next_obs=("next_obs", self.obs_dtype))
         self.network = make_q_network(obs_shape, num_actions, cfg.network)
         self.optimizer = make_optimizer(cfg.optim)
-        self.buffer = make_nstep_buffer(num_envs, capacity_per_env, cfg.n_step, cfg.gamma,
+        self.buffer = make_nstep_buffer(num_envs, capacity_per_env, cfg.n_step, cfg.discount,
                                         priority_exponent=cfg.priority_exponent,
                                         min_size=max(cfg.batch_size // num_envs, 1))
         self.train_interval = cfg.train_interval
@@ -120,9 +122,6 @@ class DQN:
         return DQNState(params=params, target_params=target, opt_state=self.optimizer.init(params),
                         updates=jnp.zeros((), jnp.int32))
 
-    def initial_carry(self, num_envs: int):
-        return ()
-
     def epsilon(self, state: DQNState) -> jax.Array:
         """The exploration epsilon after `state.updates` gradient steps."""
         return self._epsilon(state.updates)
@@ -131,16 +130,6 @@ class DQN:
             explore: bool = True):
         eps = self.epsilon(state) if explore else self.cfg.eval_epsilon
         return epsilon_greedy(key, self.network.apply(state.params, obs), eps), carry, {}
-
-    def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
-        return {"obs": obs, "action": action.astype(jnp.int32), "reward": reward.astype(jnp.float32),
-                "terminated": terminated.astype(bool), "truncated": truncated.astype(bool),
-                "next_obs": next_obs}
-
-    def step_prototype(self, obs_example: jax.Array):
-        obs = jnp.zeros(self.obs_shape, self.obs_dtype)
-        return {"obs": obs, "action": jnp.zeros((), jnp.int32), "reward": jnp.zeros((), jnp.float32),
-                "terminated": jnp.zeros((), bool), "truncated": jnp.zeros((), bool), "next_obs": obs}
 
     # --- learning -----------------------------------------------------------------------------------
     def _loss(self, params, target_params, batch):

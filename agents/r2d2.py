@@ -33,7 +33,7 @@ import agents
 from buffers.priorities import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
 from rl import sharding
-from rl.agent import episode_done
+from rl.agent import StepFormat, episode_done, standard_step_spec
 from rl.exploration import epsilon_greedy
 from rl.networks import NetworkConfig
 from rl.optim import OptimConfig, make_optimizer
@@ -131,12 +131,14 @@ def valid_td_mask(mask: jax.Array, terminated: jax.Array, done: jax.Array, n: in
     return ok
 
 
-class R2D2:
-    """The agent (rl/agent.py protocol)."""
+class R2D2(StepFormat):
+    """The agent (rl/agent.py protocol). Each stored step holds the actor's LSTM state from *before* it acted
+    on `obs` (stored state); the next observation is the next step of the row."""
 
     def __init__(self, cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int):
         self.cfg, self.num_actions, self.num_envs = cfg, int(num_actions), int(num_envs)
         self.obs_shape, self.obs_dtype = tuple(obs_shape), jnp.dtype(obs_dtype)
+        self.step_spec = standard_step_spec(self.obs_dtype, carry=("carry", None))
         self.network = make_recurrent_q_network(self.obs_shape, self.num_actions, cfg.network, cfg.lstm_size)
         self.optimizer = make_optimizer(cfg.optim)
         self.epsilons = jnp.asarray(actor_epsilons(self.num_envs, cfg.epsilon_base, cfg.epsilon_alpha))
@@ -177,29 +179,6 @@ class R2D2:
         """Epsilon-greedy over one LSTM step: obs `[E, ...]`, carry `[E, H]` -> actions `[E]`, next carry."""
         carry, q = self.network.apply(state.params, carry, obs[None], jnp.zeros((1, obs.shape[0]), bool))
         return epsilon_greedy(key, q[0], self.epsilons[env_ids] if explore else 0.0), carry, {}
-
-    def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
-        """Step for the buffer; `carry` is the actor's state *before* acting on `obs` (stored state)."""
-        del next_obs, extras  # the next observation is the next step of the row
-        return {
-            "obs": obs,
-            "action": action.astype(jnp.int32),
-            "reward": reward.astype(jnp.float32),
-            "terminated": terminated.astype(bool),
-            "truncated": truncated.astype(bool),
-            "carry": LSTMCarry(*carry),
-        }
-
-    def step_prototype(self, obs_example):
-        h = self.cfg.lstm_size
-        return {
-            "obs": jnp.zeros(self.obs_shape, self.obs_dtype),
-            "action": jnp.int32(0),
-            "reward": jnp.float32(0),
-            "terminated": jnp.bool_(False),
-            "truncated": jnp.bool_(False),
-            "carry": LSTMCarry(jnp.zeros((h,), jnp.float32), jnp.zeros((h,), jnp.float32)),
-        }
 
     # --------------------------------------------------------------------------------------- learning
     def sequence_loss(self, params, target_params, data, mask, weights):

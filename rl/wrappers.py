@@ -19,6 +19,7 @@ import numpy as np
 from gymnax.environments import spaces
 from gymnax.wrappers.purerl import GymnaxWrapper
 
+
 def _check_indices(indices: Sequence[int], obs_dim: int | None) -> tuple[int, ...]:
     indices = tuple(int(i) for i in indices)
     if not indices:

@@ -111,7 +111,7 @@ def test_any_gymnax_id_by_override(env_id, actions, shape):
     (["env.source=mujoco"], "env.source"),
     (["agent.name=ppo"], "agent.name"),
     (["agent.loss=l1"], "agent.loss"),
-    (["agent.gamma=1.5"], "agent.gamma"),
+    (["agent.discount=1.5"], "agent.discount"),
     (["agent.optim.name=adagrad"], "optim.name"),
 ])
 def test_bad_values_get_our_error(overrides, match):

@@ -104,7 +104,7 @@ SEQUENCE_AGENTS = {
     "r2d2": ["agent=r2d2_small", "agent.sequence_length=8", "agent.burn_in=2", "agent.period=4",
              "agent.batch_size=8", "agent.buffer_size=256", "agent.learning_starts=64", "agent.train_interval=4",
              "agent.lstm_size=16", "agent.network.hidden_sizes=[16]", "agent.network.head_hidden=[16]"],
-    "muesli": ["agent=muesli_small", "agent.sequence_length=6", "agent.batch_size=8", "agent.replay_capacity=256",
+    "muesli": ["agent=muesli_small", "agent.sequence_length=6", "agent.batch_size=8", "agent.buffer_size=256",
                "agent.learning_starts=64", "agent.train_interval=4", "agent.network.hidden_sizes=[16]",
                "agent.network.state_dim=16", "agent.network.model_hidden=[16]", "agent.network.head_hidden=[16]"],
 }

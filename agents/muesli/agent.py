@@ -37,12 +37,20 @@ from flax import struct
 
 import agents
 from agents.muesli.networks import MuesliNetwork, MuesliNetworkConfig, make_network
+from agents.muesli.targets import (
+    Targets,
+    advantage_scale,
+    cmpo_log_probs,
+    masked_mean,
+    unroll_indices,
+    unroll_masks,
+)
 from buffers.sequences import make_sequence_buffer
 from rl import sharding
-from rl.agent import episode_done
+from rl.agent import StepFormat, episode_done, standard_step_spec
 from rl.categorical import CategoricalSupport
 from rl.optim import OptimConfig, make_optimizer
-from rl.retrace import RetraceTargets, retrace_coefficients, retrace_targets
+from rl.retrace import retrace_coefficients, retrace_targets
 from rl.target_update import update_target
 
 
@@ -61,7 +69,7 @@ class Config:
     batch_size: int = 96  # sequences per train step
     sequence_length: int = 30
     replay_fraction: float = 0.75  # share of each batch drawn from replay; the rest from the online queue
-    replay_capacity: int = 1_500_000  # env steps stored in all (split evenly over the env rows)
+    buffer_size: int = 1_500_000  # env steps stored in all (split evenly over the env rows)
     length_power: float = 1.0  # sequence starts weighted by (valid steps from the start) ** power
     train_interval: int = 30  # vector env steps between train steps
     learning_starts: int = 10_000  # env steps (summed over envs) before the first train step
@@ -114,65 +122,14 @@ class MuesliState:
     updates: jax.Array  # int32[] train steps taken
 
 
-@struct.dataclass
-class Targets:
-    """Everything the loss needs from the target network, `[B, L, ...]`, no gradient."""
-
-    retrace: RetraceTargets  # q, v, mask: [B, L]
-    cmpo_log_probs: jax.Array  # [B, L, A]
-    pg_advantage: jax.Array  # [B, L] normalised Retrace advantage
-
-
-def cmpo_log_probs(prior_logits: jax.Array, advantages: jax.Array, clip: float) -> jax.Array:
-    """log pi_cmpo `[..., A]`: log softmax of log pi_prior + clip(advantages, -clip, clip)."""
-    log_prior = jax.nn.log_softmax(prior_logits, axis=-1)
-    return jax.nn.log_softmax(log_prior + jnp.clip(advantages, -clip, clip), axis=-1)
-
-
-def episode_index(done: jax.Array) -> jax.Array:
-    """`[..., L]` bool done -> int32 number of episode ends strictly before each step."""
-    ends = jnp.cumsum(done.astype(jnp.int32), axis=-1)
-    return ends - done.astype(jnp.int32)
-
-
-def unroll_indices(length: int, unroll_steps: int) -> jax.Array:
-    """int32 `[L, K+1]`: index t + k of the step that unroll step k from t stands for, clipped to L - 1."""
-    idx = jnp.arange(length)[:, None] + jnp.arange(unroll_steps + 1)[None, :]
-    return jnp.minimum(idx, length - 1)
-
-
-def unroll_masks(valid: jax.Array, terminated: jax.Array, truncated: jax.Array, unroll_steps: int):
-    """Which unroll targets exist, for sequences `[B, L]`; returns `[B, L, K+1]` bools.
-
-    `same[t, k]`: step t + k exists (inside the sequence and the stored data) and belongs to the episode of
-    step t. `policy`/`value` targets at unroll step k need `same[t, k]`; the `reward` target at k >= 1 (for
-    the action taken at t + k - 1) needs `same[t, k - 1]`; `absorbing[t, k]` (k >= 1): step t + k - 1 ended
-    its episode by termination, so the model state after it has value 0.
-    """
-    L = valid.shape[1]
-    idx = jnp.arange(L)[:, None] + jnp.arange(unroll_steps + 1)[None, :]  # [L, K+1], unclipped
-    inside = idx < L
-    cidx = jnp.minimum(idx, L - 1)
-    episode = episode_index(terminated | truncated)  # [B, L]
-    same = inside[None] & valid[:, cidx] & (episode[:, cidx] == episode[:, :, None]) & valid[:, :, None]
-    prev_same = jnp.concatenate([jnp.zeros_like(same[..., :1]), same[..., :-1]], axis=-1)
-    prev_idx = jnp.maximum(cidx - 1, 0)
-    absorbing = prev_same & terminated[:, prev_idx]
-    return same, prev_same, absorbing
-
-
-def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    mask = mask.astype(x.dtype)
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
-class Muesli:
+class Muesli(StepFormat):
     """The agent surface of rl/agent.py; static configuration and pure methods."""
 
     def __init__(self, cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
         self.cfg = cfg
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.obs_dtype = jnp.dtype(obs_dtype)
+        self.step_spec = standard_step_spec(self.obs_dtype, behaviour_logp=("extras.behaviour_logp", jnp.float32))
         self.num_actions = int(num_actions)
         self.num_envs = int(num_envs)
         self.train_interval = cfg.train_interval
@@ -181,7 +138,7 @@ class Muesli:
         self.network = make_network(self.obs_shape, self.num_actions, cfg.num_atoms, cfg.network)
         self.support = CategoricalSupport(cfg.num_atoms, cfg.support_min, cfg.support_max)
         self.optimizer = make_optimizer(cfg.optim)
-        capacity_per_env = max(cfg.replay_capacity // self.num_envs, cfg.sequence_length + 1)
+        capacity_per_env = max(cfg.buffer_size // self.num_envs, cfg.sequence_length + 1)
         self.online_batch = round(cfg.batch_size * (1.0 - cfg.replay_fraction))
         self.buffer = make_sequence_buffer(
             num_envs=self.num_envs, capacity_per_env=capacity_per_env, sequence_length=cfg.sequence_length,
@@ -198,9 +155,6 @@ class Muesli:
                            adv_ema=rlax.EmaState(mu=jnp.zeros(()), nu=jnp.zeros(()), decay_product=jnp.ones(())),
                            updates=jnp.zeros((), jnp.int32))
 
-    def initial_carry(self, num_envs: int):
-        return ()
-
     def act(self, state: MuesliState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
             explore: bool = True):
         """Sample from the policy head (argmax when `explore` is False); extras hold the behaviour
@@ -214,16 +168,6 @@ class Muesli:
         action = action.astype(jnp.int32)
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), action[:, None], axis=-1)[:, 0]
         return action, carry, {"behaviour_logp": logp}
-
-    def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
-        return {"obs": obs.astype(self.obs_dtype), "action": action.astype(jnp.int32),
-                "reward": reward.astype(jnp.float32), "terminated": terminated.astype(bool),
-                "truncated": truncated.astype(bool), "behaviour_logp": extras["behaviour_logp"].astype(jnp.float32)}
-
-    def step_prototype(self, obs_example: jax.Array):
-        return {"obs": jnp.zeros(self.obs_shape, self.obs_dtype), "action": jnp.zeros((), jnp.int32),
-                "reward": jnp.zeros((), jnp.float32), "terminated": jnp.zeros((), bool),
-                "truncated": jnp.zeros((), bool), "behaviour_logp": jnp.zeros((), jnp.float32)}
 
     def train_step(self, state: MuesliState, buffer_state, key: jax.Array):
         """Sample online + replay sequences, consume the online queue, take one Adam step, move the target
@@ -281,26 +225,12 @@ class Muesli:
         retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=cfg.discount))(
             q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
         advantage = retrace.q - v
-        # Running moments of the Retrace advantages (EMA of masked batch moments, debiased as in Adam; no
-        # update on a batch without targets).
-        mask = retrace.mask.astype(jnp.float32)
-        count = jnp.sum(mask)
-        batch_mean = jnp.sum(advantage * mask) / jnp.maximum(count, 1.0)
-        batch_m2 = jnp.sum(jnp.square(advantage) * mask) / jnp.maximum(count, 1.0)
-        decay = cfg.adv_var_decay
-        moved = rlax.EmaState(mu=decay * state.adv_ema.mu + (1 - decay) * batch_mean,
-                              nu=decay * state.adv_ema.nu + (1 - decay) * batch_m2,
-                              decay_product=state.adv_ema.decay_product * decay)
-        adv_ema = jax.tree_util.tree_map(lambda new, old: jnp.where(count > 0, new, old), moved, state.adv_ema)
-        # The advantages are centred by construction (baseline E_prior q), so their variance is estimated by
-        # the debiased second moment (the EMA of the batch means is kept for monitoring).
-        moments = adv_ema.debiased_moments()
-        second_moment = moments.variance + jnp.square(moments.mean)
-        scale = jnp.sqrt(second_moment + cfg.adv_var_eps)
+        adv_ema, scale, adv_mean = advantage_scale(state.adv_ema, advantage, retrace.mask, cfg.adv_var_decay,
+                                                   cfg.adv_var_eps)
         log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, cfg.cmpo_clip)
         targets = Targets(retrace=retrace, cmpo_log_probs=log_cmpo, pg_advantage=advantage / scale)
-        metrics = {"adv_scale": scale, "adv_mean": moments.mean, "value_prior": _masked_mean(v, valid),
-                   "retrace_target": _masked_mean(retrace.v, retrace.mask)}
+        metrics = {"adv_scale": scale, "adv_mean": adv_mean, "value_prior": masked_mean(v, valid),
+                   "retrace_target": masked_mean(retrace.v, retrace.mask)}
         return targets, adv_ema, metrics
 
     def unroll(self, params, states: jax.Array, actions: jax.Array):
@@ -334,29 +264,29 @@ class Muesli:
         # Policy gradient at the root, clipped importance weight pi/mu, Retrace advantage.
         log_pi_taken = jnp.take_along_axis(log_pi[:, :, 0], action[..., None], -1)[..., 0]
         rho = jax.lax.stop_gradient(jnp.minimum(1.0, jnp.exp(log_pi_taken - batch["behaviour_logp"])))
-        pg_loss = _masked_mean(-rho * targets.pg_advantage * log_pi_taken, targets.retrace.mask)
+        pg_loss = masked_mean(-rho * targets.pg_advantage * log_pi_taken, targets.retrace.mask)
 
         # KL(pi_cmpo || pi) at the root and at the model states.
         cmpo = targets.cmpo_log_probs[:, idx]  # [B, L, K+1, A]
         kl = jnp.sum(jnp.exp(cmpo) * (cmpo - log_pi), axis=-1)  # [B, L, K+1]
-        cmpo_loss = _masked_mean(kl[:, :, 0], valid)
-        model_policy_loss = _masked_mean(kl[:, :, 1:], same[:, :, 1:])
+        cmpo_loss = masked_mean(kl[:, :, 0], valid)
+        model_policy_loss = masked_mean(kl[:, :, 1:], same[:, :, 1:])
 
         # Value: Retrace V at steps of the same episode; 0 right after a termination.
         has_value = same & targets.retrace.mask[:, idx]
         value_mask = has_value | absorbing
         value_target = jnp.where(has_value, targets.retrace.v[:, idx], 0.0)
-        value_loss = _masked_mean(self.support.cross_entropy(value_logits, value_target), value_mask)
+        value_loss = masked_mean(self.support.cross_entropy(value_logits, value_target), value_mask)
 
         # Reward of the action taken at t + k - 1.
         reward_target = batch["reward"][:, idx[:, :-1]]  # [B, L, K]
-        reward_loss = _masked_mean(self.support.cross_entropy(reward_logits, reward_target), prev_same[:, :, 1:])
+        reward_loss = masked_mean(self.support.cross_entropy(reward_logits, reward_target), prev_same[:, :, 1:])
 
         loss = (cfg.pg_weight * pg_loss + cfg.cmpo_weight * cmpo_loss + cfg.model_policy_weight * model_policy_loss
                 + cfg.value_weight * value_loss + cfg.reward_weight * reward_loss)
         entropy = -jnp.sum(jnp.exp(log_pi[:, :, 0]) * log_pi[:, :, 0], axis=-1)
         metrics = {"loss": loss, "pg_loss": pg_loss, "cmpo_kl": cmpo_loss, "model_policy_loss": model_policy_loss,
-                   "value_loss": value_loss, "reward_loss": reward_loss, "entropy": _masked_mean(entropy, valid),
+                   "value_loss": value_loss, "reward_loss": reward_loss, "entropy": masked_mean(entropy, valid),
                    "valid_fraction": jnp.mean(valid.astype(jnp.float32))}
         return loss, metrics
 

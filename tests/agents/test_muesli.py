@@ -12,7 +12,7 @@ from agents.muesli import Config, cmpo_log_probs, episode_index, make_agent, unr
 from rl.config import ConfigError
 
 SMALL = {"name": "muesli", "batch_size": 8, "sequence_length": 6, "unroll_steps": 3, "num_atoms": 21,
-         "support_min": -10.0, "support_max": 10.0, "replay_capacity": 64, "train_interval": 4,
+         "support_min": -10.0, "support_max": 10.0, "buffer_size": 64, "train_interval": 4,
          "learning_starts": 0,
          "network": {"torso": "mlp", "hidden_sizes": [16], "state_dim": 16, "model_hidden": [16], "head_hidden": [16]}}
 E = 4
@@ -557,7 +557,7 @@ def test_pong_smoke_sebulba(tmp_path):
 
     cfg = compose(["agent=muesli", "env=envpool/pong", "num_envs=8", "env.batch_size=4", "total_steps=20000",
                    "log_interval=4000", "logger=none", "eval_episodes=0", "agent.batch_size=8",
-                   "agent.learning_starts=4000", "agent.replay_capacity=20000", "agent.train_interval=40"])
+                   "agent.learning_starts=4000", "agent.buffer_size=20000", "agent.train_interval=40"])
     res = run(cfg, tmp_path)
     assert res["env_steps"] >= 20000
     with open(tmp_path / "metrics.csv") as f:

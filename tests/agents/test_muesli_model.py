@@ -16,7 +16,7 @@ from rl.config import ConfigError
 
 S, A, N, K, B, L = 16, 3, 21, 3, 4, 6
 SMALL = {"name": "muesli", "batch_size": B, "sequence_length": L, "unroll_steps": K, "num_atoms": N,
-         "support_min": -10.0, "support_max": 10.0, "replay_capacity": 64, "train_interval": 4,
+         "support_min": -10.0, "support_max": 10.0, "buffer_size": 64, "train_interval": 4,
          "learning_starts": 0, "optim": {"lr": 3e-3},
          "network": {"torso": "mlp", "hidden_sizes": [16], "state_dim": S, "model_hidden": [16],
                      "head_hidden": [16]}}
