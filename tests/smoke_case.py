@@ -25,7 +25,7 @@ NUM_ENVS, ENVPOOL = 4, ["env.batch_size=2", "env.recvs_per_chunk=8"]
 SETTINGS = {
     "dqn": (["agent.learning_starts=64", "agent.buffer_size=400"], 128, 192),
     "r2d2": (["agent.learning_starts=320", "agent.buffer_size=2000", "agent.train_interval=10"], 400, 480),
-    "muesli": (["agent.learning_starts=240", "agent.replay_capacity=4000"], 480, 720),
+    "muesli": (["agent.learning_starts=240", "agent.buffer_size=4000"], 480, 720),
 }
 
 
