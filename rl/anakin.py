@@ -31,8 +31,9 @@ from omegaconf import DictConfig
 
 from rl import guard, sharding
 from rl.agent import reset_carry
+from rl.episodes import EpisodeStats
 from rl.evaluate import evaluate_seeds
-from rl.gymnax_source import EpisodeStats, make_source
+from rl.gymnax_source import make_source
 
 
 @struct.dataclass
@@ -129,12 +130,12 @@ class Anakin:
         """`num_iters` iterations; returns the state, the counter and per-seed summaries `[S]`."""
         it0 = it
         (s, it), (finished, metrics, bad, trained) = jax.lax.scan(self._iteration, (s, it), None, num_iters)
-        count = finished["count"].sum(0)
+        count = finished.count.sum(0)
         n_train = trained.sum()
         nan = jnp.float32(jnp.nan)
         out = {
-            "episode_return": jnp.where(count > 0, finished["return"].sum(0) / jnp.maximum(count, 1), nan),
-            "episode_length": jnp.where(count > 0, finished["length"].sum(0) / jnp.maximum(count, 1), nan),
+            "episode_return": jnp.where(count > 0, finished.score.sum(0) / jnp.maximum(count, 1), nan),
+            "episode_length": jnp.where(count > 0, finished.length.sum(0) / jnp.maximum(count, 1), nan),
             "episodes": count,
         }
         for k, v in metrics.items():

@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from rl.episodes import Episodes, EpisodeStats
+
 PyTree = Any
 
 # envpool's own Atari preprocessing, as in the DQN paper (defaults of envpool differ: episodic_life and
@@ -184,8 +186,8 @@ class Tracker:
     obs / action: the observation the env's last action was taken in, and that action. carry: the recurrent
     state to act with next (after the last act); carry_before: the one the last act started from (stored
     with the step); extras: what the last act returned besides actions (e.g. behaviour logits).
-    new_episode: the env's next recv is a reset step (initially all True). episode_score / episode_length:
-    running statistics of the current (reported) episode, in raw reward and transitions.
+    new_episode: the env's next recv is a reset step (initially all True). stats: running statistics of
+    the current (reported) episode, in raw reward and transitions.
     """
 
     obs: jax.Array
@@ -194,8 +196,7 @@ class Tracker:
     carry_before: PyTree
     extras: PyTree
     new_episode: jax.Array
-    episode_score: jax.Array
-    episode_length: jax.Array
+    stats: EpisodeStats
 
 
 @struct.dataclass
@@ -213,17 +214,6 @@ class Transition:
     valid: jax.Array
 
 
-@struct.dataclass
-class Episodes:
-    """Episodes that ended at this recv (leading dim M): `ended` marks them; score / length are theirs
-    (meaningful where `ended`); env_id says which env."""
-
-    ended: jax.Array
-    score: jax.Array
-    length: jax.Array
-    env_id: jax.Array
-
-
 def init_tracker(num_envs: int, obs_example, carry: PyTree, extras_example: PyTree) -> Tracker:
     """`carry`: the initial carry for `num_envs` envs (leading dim E); `extras_example`: one env's extras
     (unbatched; shapes and dtypes only)."""
@@ -231,8 +221,7 @@ def init_tracker(num_envs: int, obs_example, carry: PyTree, extras_example: PyTr
     zeros = lambda x: jnp.zeros((num_envs,) + tuple(jnp.shape(x)), jnp.result_type(x))
     return Tracker(obs=zeros(obs_example), action=jnp.zeros((num_envs,), jnp.int32), carry=carry,
                    carry_before=jax.tree_util.tree_map(jnp.copy, carry), extras=jax.tree_util.tree_map(zeros, extras_example),
-                   new_episode=jnp.ones((num_envs,), bool), episode_score=jnp.zeros((num_envs,), jnp.float32),
-                   episode_length=jnp.zeros((num_envs,), jnp.int32))
+                   new_episode=jnp.ones((num_envs,), bool), stats=EpisodeStats.zeros(num_envs))
 
 
 def track(tracker: Tracker, recv: Recv, obs: jax.Array, act: Callable, initial_carry: PyTree
@@ -260,10 +249,7 @@ def track(tracker: Tracker, recv: Recv, obs: jax.Array, act: Callable, initial_c
     actions, carry_out, extras = act(obs, carry_in)
     actions = actions.astype(jnp.int32)
 
-    score = tracker.episode_score[ids] + jnp.where(valid, recv.score, 0.0)
-    length = tracker.episode_length[ids] + valid.astype(jnp.int32)
-    ended = valid & recv.episode_over
-    episodes = Episodes(ended=ended, score=score, length=length, env_id=ids)
+    stats, episodes = tracker.stats.update(recv.score, recv.episode_over, env_ids=ids, counted=valid)
 
     put = lambda dst, src: dst.at[ids].set(src)
     tracker = Tracker(
@@ -271,7 +257,5 @@ def track(tracker: Tracker, recv: Recv, obs: jax.Array, act: Callable, initial_c
         carry=jax.tree_util.tree_map(put, tracker.carry, carry_out),
         carry_before=jax.tree_util.tree_map(put, tracker.carry_before, carry_in),
         extras=jax.tree_util.tree_map(put, tracker.extras, extras),
-        new_episode=put(tracker.new_episode, recv.terminated | recv.truncated),
-        episode_score=put(tracker.episode_score, jnp.where(ended, 0.0, score)),
-        episode_length=put(tracker.episode_length, jnp.where(ended, 0, length)))
+        new_episode=put(tracker.new_episode, recv.terminated | recv.truncated), stats=stats)
     return tracker, actions, transition, episodes

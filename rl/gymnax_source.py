@@ -11,7 +11,7 @@ already the first observation of the next episode where `terminated | truncated`
 `info["final_observation"]` is the observation the action led to. `Timestep.next_obs` is that final
 observation, so a truncated step can bootstrap from it; only `terminated` stops bootstrapping.
 
-`EpisodeStats` tracks the running return and length per env and reports finished episodes.
+Episode statistics: `rl.episodes.EpisodeStats`.
 """
 
 from __future__ import annotations
@@ -100,24 +100,3 @@ def make_source(env_cfg: Any, num_envs: int) -> GymnaxSource:
     if cfg.obs_features is not None:
         env = ObservationFeatureWrapper(env, cfg.obs_features, params)
     return GymnaxSource(env, params, num_envs)
-
-
-@struct.dataclass
-class EpisodeStats:
-    """Running per-env episode return and length `[E]`."""
-
-    episode_return: jax.Array
-    episode_length: jax.Array
-
-    @classmethod
-    def zeros(cls, num_envs: int) -> EpisodeStats:
-        return cls(jnp.zeros(num_envs, jnp.float32), jnp.zeros(num_envs, jnp.int32))
-
-    def update(self, reward: jax.Array, done: jax.Array):
-        """Add one step; returns `(stats, finished)` where `finished` holds, for envs whose episode ended
-        at this step, its return and length (zeros elsewhere) and `done` as float."""
-        ret = self.episode_return + reward
-        length = self.episode_length + 1
-        finished = {"return": jnp.where(done, ret, 0.0), "length": jnp.where(done, length, 0),
-                    "count": done.astype(jnp.float32)}
-        return EpisodeStats(jnp.where(done, 0.0, ret), jnp.where(done, 0, length)), finished

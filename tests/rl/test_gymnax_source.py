@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rl.config import ConfigError
-from rl.gymnax_source import EpisodeStats, make_source
+from rl.episodes import EpisodeStats
+from rl.gymnax_source import make_source
 
 
 def _rollout(source, actions, key):
@@ -83,7 +84,7 @@ def test_episode_stats_against_numpy():
     got = []
     for r, d in zip(rewards, dones):
         stats, fin = stats.update(jnp.asarray(r), jnp.asarray(d))
-        got += [(t, e, float(fin["return"][e]), int(fin["length"][e])) for e in range(3) for t in [len(got)]
+        got += [(t, e, float(fin.score[e]), int(fin.length[e])) for e in range(3) for t in [len(got)]
                 if d[e]]
     ret, length, expected = np.zeros(3), np.zeros(3, int), []
     for r, d in zip(rewards, dones):
