@@ -162,8 +162,10 @@ MUTANTS: list[Mutant] = [
     M("r2d2_stored_state_one_late", "agents/r2d2.py",
       'start = LSTMCarry(seq["carry"].c[0], seq["carry"].h[0])',
       'start = LSTMCarry(seq["carry"].c[1], seq["carry"].h[1])', R2D2_TD),
-    M("r2d2_truncation_bootstraps_across", "agents/r2d2.py",
-      "stop = done[b:-1] | ~mask[b + 1 :]", 'stop = seq["terminated"][b:-1] | ~mask[b + 1 :]', R2D2_TD),
+    # (Dropping truncations from `stop` would be an equivalent mutant: valid_td_mask already masks every TD
+    # error whose window reaches a truncation or the newest stored step.)
+    M("r2d2_termination_bootstraps", "agents/r2d2.py",
+      "stop = done[b:-1] | ~mask[b + 1 :]", 'stop = seq["truncated"][b:-1] | ~mask[b + 1 :]', R2D2_TD),
     M("r2d2_reward_off_by_one", "agents/r2d2.py",
       'reward = jnp.where(mask[b:-1], seq["reward"][b:-1], 0.0)',
       'reward = jnp.where(mask[b:-1], seq["reward"][b + 1 :], 0.0)', R2D2_TD),
