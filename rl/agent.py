@@ -46,7 +46,8 @@ class Agent(Protocol):
 
     def act(self, state: PyTree, obs: jax.Array, carry: PyTree, key: jax.Array, env_ids: jax.Array,
             explore: bool = True) -> tuple[jax.Array, PyTree, dict]:
-        """Actions `[E]`, the next carry and extras (e.g. behaviour logits) for the batch of `env_ids`."""
+        """Actions `[E]`, the next carry and extras (e.g. Muesli's behaviour log-probabilities) for the batch
+        of `env_ids`; `explore=False`: the evaluation policy."""
 
     def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras) -> PyTree:
         """The per-env step pytree (leading dim E) written to the buffer (`StepFormat` derives it)."""
