@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import time
 
 import numpy as np
 
@@ -39,12 +40,12 @@ def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
     env = ["env=cartpole"] if source == "gymnax" else ["env=envpool/cartpole", *ENVPOOL]
     common = [f"agent={agent}", *env, "logger=none", f"seeds={seeds}", f"num_envs={NUM_ENVS}", "eval_episodes=0",
               *extra]
-    name = f"{agent} {source} seeds={seeds}"
+    name, t0 = f"{agent} {source} seeds={seeds}", time.perf_counter()
     print(f"CASE {name}: train", flush=True)
     res = run(compose([*common, f"total_steps={first}", f"log_interval={first // 2}"]), run_dir)
     assert res["checkpoint"] is not None and updates(res["state"]) >= 2, (res["checkpoint"], updates(res["state"]))
     n = updates(res["state"])
-    print(f"CASE {name}: resume after {n} train steps", flush=True)
+    print(f"CASE {name}: resume after {n} train steps ({time.perf_counter() - t0:.0f} s)", flush=True)
     overrides = [f"resume={run_dir}", f"total_steps={second}"]
     res2 = run(compose(overrides), run_dir + "-unused", overrides)
     # More train steps only where the data allows one (R2D2's paper sequences of 80 rarely fit in CartPole
@@ -55,10 +56,10 @@ def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
     steps = sorted({int(r["env_steps"]) for r in rows})
     assert steps[-1] == res2["env_steps"] >= second and len(rows) == len(steps) * seeds, steps
     assert np.isfinite([float(r["train/loss"]) for r in rows if r["train/loss"]]).all()
-    print(f"CASE {name}: evaluate", flush=True)
+    print(f"CASE {name}: evaluate ({time.perf_counter() - t0:.0f} s)", flush=True)
     returns = evaluate_run(run_dir, episodes=2)
     assert returns.shape == (seeds, 2) and np.isfinite(returns).all() and (returns >= 1).all(), returns
-    print(f"CASE {name}: ok", flush=True)
+    print(f"CASE {name}: ok ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
