@@ -46,7 +46,7 @@ class Mutant:
 # --- test selections (pytest arguments); keep them fast ----------------------------------------------------
 DQN_LOSS = ("tests/agents/test_dqn.py", "-k", "reference or prioritised or update_matches")
 DQN_ALL = ("tests/agents/test_dqn.py",)
-TARGETS = ("tests/rl/test_targets.py",)
+TARGETS = ("tests/rl/test_targets.py", "-k", "q_target or td_loss")
 RETRACE = ("tests/rl/test_retrace.py",)
 MUESLI = ("tests/agents/test_muesli.py", "-k", "reference or ema or cmpo or unroll_masks")
 R2D2_TD = ("tests/agents/test_r2d2.py", "-k", "sequence or valid_td or burn_in or epsilons or rescaling")
