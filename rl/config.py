@@ -86,8 +86,9 @@ def to_dataclass(cls: type, section: Any, where: str):
         merged = OmegaConf.merge(OmegaConf.structured(cls), section)
         return OmegaConf.to_object(merged)
     except (OmegaConfBaseException, ValueError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"bad config in `{where}`: {first}") from None
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), "")
+        raise ConfigError(f"bad config in `{where}`: {lines[0]}" + (f" (key `{key}`)" if key else "")) from None
 
 
 def _section_name(section: Any, key: str) -> Any:
