@@ -5,7 +5,7 @@
     returns = evaluate_run(result["run_dir"], episodes=10)              # [seeds, episodes]
 """
 
-__all__ = ["train", "evaluate_run"]
+__all__ = ["evaluate_run", "train"]
 
 
 def __getattr__(name):

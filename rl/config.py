@@ -111,8 +111,8 @@ def _positive(cfg: DictConfig, key: str, minimum: int = 1) -> None:
         raise ConfigError(f"`{key}` must be an integer >= {minimum}, got {value!r}")
 
 
-def validate(cfg: DictConfig) -> tuple[Any, Any]:
-    """Check the whole config before anything is built; returns `(agent_config, env_config)`."""
+def check_top_level(cfg: DictConfig) -> None:
+    """Check the keys every run shares (not `agent`/`env`: rl.experiment.validate checks those)."""
     top = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("agent", "env")}
     to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
     for key in ("seeds", "total_steps", "num_envs", "log_interval"):
@@ -125,9 +125,6 @@ def validate(cfg: DictConfig) -> tuple[Any, Any]:
     mode = OmegaConf.select(cfg, "logger.wandb.mode")
     if mode not in WANDB_MODES:
         raise ConfigError(f"`logger.wandb.mode` must be one of {WANDB_MODES}, got {mode!r}")
-    from agents import agent_config  # lazily: the agents registry imports this module
-
-    return agent_config(cfg.agent), env_config(cfg.env)
 
 
 def _diff(before: Any, now: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -29,11 +29,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
 from rl import checkpoint, loop
-from rl.config import check_resumable, compose, env_config, resume_config, validate
+from rl.config import check_resumable, check_top_level, compose, env_config, resume_config
 
 
-def _source(cfg: DictConfig):
-    env_cfg = env_config(cfg.env)
+def validate(cfg: DictConfig):
+    """Check the whole composed config once, before anything is built: `(agent config, env config)` as
+    their typed dataclasses (a `ConfigError` naming the key otherwise)."""
+    check_top_level(cfg)
+    return agent_config(cfg.agent), env_config(cfg.env)
+
+
+def _source(cfg: DictConfig, env_cfg):
     if env_cfg.source == "envpool":
         from rl.envpool_env import build_source
 
@@ -45,9 +51,9 @@ def _source(cfg: DictConfig):
 
 def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
-    validate(cfg)
-    source = _source(cfg)
-    agent = make_agent(agent_config(cfg.agent), obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
+    agent_cfg, env_cfg = validate(cfg)
+    source = _source(cfg, env_cfg)
+    agent = make_agent(agent_cfg, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
                        num_actions=source.num_actions, num_envs=source.num_envs)
     if cfg.env.source == "envpool":
         from rl.sebulba import Sebulba

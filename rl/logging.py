@@ -39,7 +39,7 @@ class _DropStartupNoise(logging.Filter):
 def quiet_startup() -> None:
     """Drop the startup INFO lines of `_DropStartupNoise` and orbax's INFO lines (absl logger: a dozen per
     checkpoint manager) (idempotent). Called on import of this module; it must run before JAX starts its
-    backends, which importing gymnax does (rl.config.validate)."""
+    backends, which importing gymnax does (rl.experiment.validate)."""
     logging.getLogger("absl").setLevel(logging.WARNING)
     for name in ("jax._src.xla_bridge", "matplotlib.font_manager"):
         logger = logging.getLogger(name)

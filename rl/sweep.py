@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rl.logging import quiet_startup
 
-# scripts.train imports this module first thing, before rl.config.validate imports gymnax (which starts
+# scripts.train imports this module first thing, before rl.experiment.validate imports gymnax (which starts
 # JAX's backends): no "Unable to initialize backend 'tpu'" INFO line on the console (rl/logging.py).
 quiet_startup()
 

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.config import compose, validate
+from rl.config import compose
+from rl.experiment import validate
 
 
 def _block(tree):

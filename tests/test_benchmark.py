@@ -10,7 +10,8 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import compose, validate
+from rl.config import compose
+from rl.experiment import validate
 from scripts.benchmark import RECORD, BenchmarkError, plan, run_benchmark
 
 # Tiny DQN runs (tests/conftest.py's TINY_DQN sizes), appended to every run's training overrides.

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import rl
-from rl.config import ConfigError, compose, validate
+from rl.config import ConfigError, compose
+from rl.experiment import validate
 from tests.conftest import TINY_DQN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,11 +40,11 @@ def test_unused_plus_overrides_are_refused_by_name(override, key):
 def test_config_error_prints_one_message_without_traceback(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "scripts.train", "agent=dqn", "agent.optim.lr=-1", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "config error: bad config in `agent`: optim.lr must be > 0, got -1" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = subprocess.run(cmd, cwd=ROOT, env={**env, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True,
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env={**env, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "Traceback" in proc.stderr  # hydra's convention for the full trace
 

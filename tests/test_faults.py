@@ -91,7 +91,7 @@ def test_sigterm_checkpoints_and_resume_is_bit_exact(tmp_path):
     step = checkpoint.latest_step(stopped)
     assert step is not None and 0 < step < 40000
     # `resume=<dir>` alone: the saved config is used (TINY_DQN is not repeated).
-    done = subprocess.run(_train_cmd(tmp_path / "hydra", f"resume={stopped}"), cwd=ROOT, env=ENV,
+    done = subprocess.run(_train_cmd(tmp_path / "hydra", f"resume={stopped}"), check=False, cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert checkpoint.latest_step(stopped) == 40000
@@ -113,7 +113,7 @@ def test_sigterm_sebulba_continues_and_finishes(tmp_path):
     step = checkpoint.latest_step(stopped)
     assert step is not None and step < 200000
     done = subprocess.run(_train_cmd(tmp_path / "hydra", f"resume={stopped}", "total_steps=" + str(step + 2048)),
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+                          check=False, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert checkpoint.latest_step(stopped) == step + 2048 and (stopped / "summary.json").exists()
 
@@ -136,7 +136,7 @@ checkpoint.save(d, 2, {"w": jnp.full((10,), 2.0)}, {"env_steps": 2})
 
 
 def test_checkpoint_killed_while_saving_leaves_previous_restorable(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, str(tmp_path)], cwd=ROOT, env=ENV,
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, str(tmp_path)], check=False, cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert "'2." in proc.stdout  # killed with step 2 half-written
@@ -166,7 +166,7 @@ def test_two_seed_init_finishes(agent):
     run in a subprocess with a watchdog so a hang fails with the case named."""
     args = [f"agent={agent}", "env=cartpole", "seeds=2", "logger=none"]
     try:
-        proc = subprocess.run([sys.executable, "-c", INIT, *args], cwd=ROOT, env=ENV, capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", INIT, *args], check=False, cwd=ROOT, env=ENV, capture_output=True,
                               text=True, timeout=240)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{agent} with seeds=2 did not initialise within 240 s (hang)")

@@ -9,7 +9,8 @@ import functools
 import pytest
 
 from agents import agent_config
-from rl.config import CONFIG_DIR, compose, validate
+from rl.config import CONFIG_DIR, compose
+from rl.experiment import validate
 
 AGENTS = ("dqn", "r2d2", "muesli")
 ENVS = sorted(str(p.relative_to(CONFIG_DIR / "env").with_suffix("")) for p in (CONFIG_DIR / "env").rglob("*.yaml"))

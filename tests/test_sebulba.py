@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-import rl.config  # registers the structured base config
+import rl.config  # noqa: F401 - registers the structured base config
 from agents import agent_config, make_agent
 from rl.config import ConfigError
-from rl.experiment import build
+from rl.envpool_source import EnvpoolSource, Recv
+from rl.experiment import build, validate
 from rl.sebulba_actor import Rollout, new_tracker
 from rl.sebulba_learner import Learner
-from rl.envpool_source import EnvpoolSource, Recv
 from tests.test_envpool_source import MAX_STEPS, check_cartpole_rows
 
 CONFIGS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
@@ -141,11 +141,11 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="one seed per run"):
         build(compose_cfg("seeds=2"))
     with pytest.raises(ConfigError, match="env.xla must be auto, on or off"):
-        rl.config.validate(compose_cfg("env.xla=maybe"))
+        validate(compose_cfg("env.xla=maybe"))
     with pytest.raises(ConfigError, match="exceeds num_envs"):
         build(compose_cfg("num_envs=4", "env.batch_size=8"))
     with pytest.raises(ConfigError, match="not an envpool task id"):
-        rl.config.validate(compose_cfg("env.id=NoSuchTask-v9"))
+        validate(compose_cfg("env.id=NoSuchTask-v9"))
 
 
 def read_metrics(path):

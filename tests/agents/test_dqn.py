@@ -10,7 +10,8 @@ import pytest
 
 from agents import make_agent
 from agents.dqn import DQNState
-from rl.config import ConfigError, compose, validate
+from rl.config import ConfigError, compose
+from rl.experiment import validate
 
 
 def _agent(num_envs=2, num_actions=2, **over):
