@@ -2,7 +2,7 @@
 
 `Sebulba(cfg, agent, source)` holds the compiled parts of a run for the host loop of rl/loop.py (which
 owns resume, logging, checkpoints, faults and evaluation; rl/experiment.py builds the envpool source and
-the agent). One process, two threads, one JAX device:
+the agent). One process; by default two threads and one JAX device (several: see below):
 
     actor thread (rl/sebulba_actor.py)                  learner (the host loop's thread, rl/sebulba_learner.py)
     owns: envpool env, Tracker, actor key                owns: agent state, buffer state, learner key
@@ -12,7 +12,8 @@ the agent). One process, two threads, one JAX device:
                                                                     mailbox.put(copy of the agent state)
 
 * Only the learner touches the buffer and agent state, so the donated update never races a write; the
-  actor acts with published copies (policy lag <= Q + sync_interval chunks).
+  actor acts with published copies (policy lag <= Q + sync_interval chunks; with T actor threads, chunks
+  of each thread).
 * Env steps count every recv'd step (reset steps too); each recv's steps are written per `env_id` with the
   transition mask of `rl.envpool_source.track`, so every row holds its env's transitions in time order.
 * State (what is checkpointed): `{"agent", "buffer", "key", "actor_key"}`. Resuming restores them; envs
@@ -21,13 +22,15 @@ the agent). One process, two threads, one JAX device:
 * Several actor threads and devices (`env.actor_threads`, `env.actor_devices`, `env.learner_devices`;
   default: one thread, everything on device 0): thread i owns its own envpool env of `num_envs / T` envs
   (seeds and env ids offset by `i * num_envs / T`, so it writes its own buffer rows) and acts on actor
-  device `i % A`; all threads share one queue of `queue_size * T` chunks. With L > 1 learner devices the
-  learner's state lives on a `(seed=1, data=L)` mesh of rl/sharding.py (agent state and key replicated,
-  buffer split on its first axis where it divides), its update is traced under that mesh, so the agents'
+  device `i % A`; each thread has its own queue of `queue_size` chunks and the learner takes one chunk
+  from each thread in turn (balanced env steps per thread; the slowest thread sets the pace). With L > 1
+  learner devices the learner's state lives on a `(seed=1, data=L)` mesh of rl/sharding.py (agent state
+  and key replicated, buffer split on its first axis where it divides), its update is traced under that mesh, so the agents'
   `shard_batch` splits each sampled batch over the L devices and XLA averages the gradients: the same
   update as on one device up to float summation order. Chunks are moved to the learner devices on the
   actor threads; every `sync_interval` chunks a copy of the agent state is published to every actor
-  device. Several hosts are not supported by this runner yet (it places state from one process).
+  device. envpool's worker threads (`env.num_threads`, 0: the cores) are split between the T pools.
+  Several hosts (jax.distributed) are refused: this runner places its state from one process.
 * `evaluate` plays whole greedy episodes in a fresh sync envpool (Atari: the game's raw score over all
   lives).
 """
@@ -35,8 +38,9 @@ the agent). One process, two threads, one JAX device:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
-import queue
+import os
 import time
 import warnings
 
@@ -88,6 +92,9 @@ class Sebulba:
         if int(cfg.seeds) != 1:
             raise ConfigError(f"the Sebulba (envpool) runner trains one seed per run, got seeds={cfg.seeds}; "
                               "launch one run per seed (e.g. hydra -m seed=0,1,2)")
+        if jax.process_count() > 1:
+            raise ConfigError("the Sebulba (envpool) runner runs in one process: several hosts (jax.distributed) "
+                              "are not supported yet; use env.actor_devices / env.learner_devices on one host")
         self.cfg, self.agent, self.source = cfg, agent, source
         self.env_cfg = env_config(cfg.env)
         threads = int(self.env_cfg.actor_threads)
@@ -106,9 +113,13 @@ class Sebulba:
         if threads == 1:
             self.sources = [source]
         else:  # one envpool env per thread; env i keeps the seed it has in one pool of num_envs (seed + i)
+            # envpool worker threads split between the pools (env.num_threads=0: the cores), so T pools do
+            # not start T times the workers the one pool had, which then compete with the learner.
             source.close()
             per = num_envs // threads
-            self.sources = [build_source(self.env_cfg, per, seed=int(cfg.seed) + i * per,
+            workers = self.env_cfg.num_threads or os.cpu_count() or 1
+            pool_cfg = dataclasses.replace(self.env_cfg, num_threads=max(1, -(-workers // threads)))
+            self.sources = [build_source(pool_cfg, per, seed=int(cfg.seed) + i * per,
                                          batch_size=batch // threads) for i in range(threads)]
         self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=i * src.num_envs)
                          for i, src in enumerate(self.sources)]
@@ -131,9 +142,14 @@ class Sebulba:
         return sharding.replicated(self.mesh)
 
     def publish(self, agent_state) -> dict:
-        """A copy of the learner's agent state on every actor device (the learner donates its own)."""
+        """A copy of the learner's agent state on every actor device (the learner donates its own), waited
+        for: the learner thread blocks on its update once per `sync_interval` chunks, so the actors always
+        act with finished parameters and overlap the next update (tried: not waiting let the actors' next
+        rollouts wait on the update in flight instead; no clear gain in noisy measurements on 2 loaded
+        cores, and the learner's time split is no longer observable from the host)."""
         copy = self.copy(agent_state)
-        return {d: jax.block_until_ready(jax.device_put(copy, d)) for d in self.actor_devices}
+        values = [jax.device_put(copy, d) for d in self.actor_devices]
+        return dict(zip(self.actor_devices, jax.block_until_ready(values)))
 
     # --- host-loop interface (rl/loop.py) ------------------------------------------------------------
     def init(self) -> dict:
@@ -169,7 +185,6 @@ class Sebulba:
         published = self.publish(state["agent"])
         mailboxes = {d: Mailbox(v) for d, v in published.items()}
         threads = len(self.rollouts)
-        chunks = queue.Queue(maxsize=self.env_cfg.queue_size * threads)
         to_learner = None
         if self.mesh is not None or self.actor_devices != self.learner_devices[:1] or len(self.actor_devices) > 1:
             target = self._chunk_sharding()
@@ -181,7 +196,7 @@ class Sebulba:
             device = self.actor_devices[i % len(self.actor_devices)]
             tracker = new_tracker(self.agent, published[device], rollout.source)
             actors.append(ActorThread(rollout, tracker, mailboxes[device], key if threads == 1 else
-                                      jax.random.fold_in(key, i), self.env_cfg.queue_size, chunks=chunks,
+                                      jax.random.fold_in(key, i), self.env_cfg.queue_size,
                                       device=device, to_learner=to_learner, name=f"sebulba-actor-{i}"))
         group = Actors(actors)
         group.start()

@@ -12,7 +12,7 @@ learner's thread.
 
 Several actor threads (`env.actor_threads`): each owns its own envpool env (a slice of the envs, env ids
 offset by `env_offset` so its chunks address its own buffer rows), its own tracker and key, and acts on
-its own device; all put their chunks into one shared queue, read by `Actors.get()`. Each thread blocks on
+its own device; each puts its chunks into its own queue, which `Actors.get()` reads in turn. Each thread blocks on
 its chunk before queueing it and then moves it to the learner's devices (`to_learner`), so the transfer
 runs on the actor's thread; `busy_s` / `blocked_s` count its seconds computing and waiting on a full
 queue (the benchmark's starved-or-slow diagnosis).
@@ -156,15 +156,16 @@ class ActorThread(threading.Thread):
                 if self.to_learner is not None:
                     chunk = self.to_learner(chunk)
                 self.index += 1
-                t1 = time.perf_counter()
-                self.busy_s += t1 - t0
+                self.busy_s += time.perf_counter() - t0
                 while not self._stop_event.is_set():
+                    t1 = time.perf_counter()
                     try:
                         self.chunks.put(chunk, timeout=0.05)
                         break
                     except queue.Full:
                         continue
-                self.blocked_s += time.perf_counter() - t1
+                    finally:  # counted as it goes, so a reader sees it within 50 ms
+                        self.blocked_s += time.perf_counter() - t1
         except BaseException as e:  # noqa: BLE001 - handed to the learner thread, which re-raises
             self.error = e
             self._stop_event.set()
@@ -182,11 +183,14 @@ class ActorThread(threading.Thread):
 
 
 class Actors:
-    """The actor threads of a session, sharing one chunk queue: `get()` the next chunk of any of them."""
+    """The actor threads of a session: `get()` takes the next chunk from each thread's own queue in turn
+    (round robin, as Cleanba's learner does), so every thread contributes the same number of chunks and
+    none can be starved by a faster one (with one shared queue, one thread was seen to fill it nearly
+    alone while the other's puts kept timing out)."""
 
     def __init__(self, threads: list[ActorThread]):
         self.threads = threads
-        self.chunks = threads[0].chunks
+        self.next = 0
         self.wait_s = 0.0  # seconds the learner waited for a chunk (it was starved)
 
     def start(self) -> None:
@@ -195,16 +199,19 @@ class Actors:
 
     def get(self) -> Chunk:
         t0 = time.perf_counter()
+        thread = self.threads[self.next]
+        self.next = (self.next + 1) % len(self.threads)
         try:
             while True:
                 for t in self.threads:
                     if t.error is not None:
                         raise RuntimeError(f"the Sebulba actor thread {t.name} failed") from t.error
                 try:
-                    return self.chunks.get(timeout=0.05)
+                    return thread.chunks.get(timeout=0.05)
                 except queue.Empty:
-                    if not any(t.is_alive() for t in self.threads):
-                        raise RuntimeError("the Sebulba actor threads stopped without producing a chunk") from None
+                    if not thread.is_alive():
+                        raise RuntimeError(f"the Sebulba actor thread {thread.name} stopped without producing a "
+                                           "chunk") from None
         finally:
             self.wait_s += time.perf_counter() - t0
 

@@ -43,7 +43,12 @@ class Learner:
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2, 3))
 
     def zero_totals(self, agent_state, buffer_state) -> Totals:
-        metrics, bad = jax.eval_shape(self.train_step, agent_state, buffer_state, jax.random.PRNGKey(0))[2:]
+        # The metric names, from an abstract train step traced once (tracing it costs milliseconds: the host
+        # loop asks for fresh totals at every log interval, a benchmark at every chunk).
+        if getattr(self, "_names", None) is None:
+            metrics, bad = jax.eval_shape(self.train_step, agent_state, buffer_state, jax.random.PRNGKey(0))[2:]
+            self._names = (tuple(metrics), tuple(bad))
+        metrics, bad = self._names
 
         def zf():  # a distinct buffer per leaf: the totals are donated
             return jnp.zeros((), jnp.float32)

@@ -112,27 +112,31 @@ def pipeline_sps(task: str, num_envs: int, batch: int, seconds: float, xla: bool
                 return jax.random.randint(key, obs.shape[:1], 0, runner.source.num_actions, jnp.int32), carry, {}
 
         runner.rollout.agent = RandomPolicy()
-    marks, warm = [], max(seconds / 3, 2.0)
+    warm = max(seconds / 3, 2.0)
     state, env_steps = runner.init(), 0
     thr = 1000 + runner.steps_per_chunk if learn else 0  # measure only once training is on
 
-    def more():
-        if not marks or marks[-1][0] - marks[0][0] <= warm + seconds:
-            return True
-        return sum(m[1] >= thr for m in marks) < 3
+    def mark():
+        return time.perf_counter(), env_steps, session.stats()
 
     with runner.session(state, 0, learn=learn) as session:
-        while more():
+        # Warm-up: compiles (the update's first call, any recompile), learning_starts, then `warm` seconds.
+        warm_from = None
+        while warm_from is None or time.perf_counter() - warm_from < warm:
             state, env_steps, _ = session.advance(state, env_steps, env_steps + 1)  # one actor chunk
             jax.block_until_ready(state["agent"])
-            marks.append((time.perf_counter(), env_steps, session.stats()))
-    ok = [m for m in marks[:-1] if m[1] >= thr]
-    start = next((m for m in ok if m[0] - marks[0][0] >= warm), ok[0])
-    wall = marks[-1][0] - start[0]
+            if warm_from is None and env_steps >= thr:
+                warm_from = time.perf_counter()
+        start, end = mark(), None
+        while end is None or end[0] - start[0] < seconds or end[1] - start[1] < 3 * runner.steps_per_chunk:
+            state, env_steps, _ = session.advance(state, env_steps, env_steps + 1)
+            jax.block_until_ready(state["agent"])
+            end = mark()
+    wall = end[0] - start[0]
     if stats is not None:
-        stats.update(pipeline_stats(start[2], marks[-1][2], wall, len(runner.rollouts)))
+        stats.update(pipeline_stats(start[2], end[2], wall, len(runner.rollouts)))
         stats["steps_per_chunk"] = runner.steps_per_chunk
-    return (marks[-1][1] - start[1]) / wall
+    return (end[1] - start[1]) / wall
 
 
 def pipeline_stats(before: dict, after: dict, wall: float, threads: int) -> dict:
@@ -183,7 +187,8 @@ def bench_agents(agents: list[str], seconds: float, threads: list[int], override
                                          overrides=(f"env.actor_threads={t}", *overrides), agent_name=name, stats=st)
             splits[t] = st
             print(f"[sebulba] {name:7s} actor_threads={t}  SPS {by_threads[t]:10,.0f}  "
-                  f"learner waits {100 * st['learner_wait_share']:5.1f}%  updating {100 * st['learner_update_share']:5.1f}%"
+                  f"learner waits {100 * st['learner_wait_share']:5.1f}%  "
+                  f"updating {100 * st['learner_update_share']:5.1f}%"
                   f" ({st['update_ms_per_chunk']:.1f} ms/chunk of {st['steps_per_chunk']} steps)  actors busy "
                   f"{100 * st['actor_busy_share']:5.1f}% ({st['actor_ms_per_chunk']:.1f} ms/chunk) blocked "
                   f"{100 * st['actor_blocked_share']:5.1f}%", flush=True)

@@ -6,9 +6,10 @@ For each seed count it compiles one chunk of the runner's loop (timed), then tim
 per seed (SPS = env steps per seed x seeds / s). It also times the agent's buffer operations alone (the
 same number of `add` and `sample` calls in a jitted loop) and reports their share of the training time.
 
-Sequential ceiling: in the same process it times the two halves of an iteration alone, each in one jitted
-scan, compile excluded: the actor side (act + env step + buffer add, `train_interval` vector steps per
-iteration, no train step; this run also fills the buffer) and the learner side (the agent's guarded
+Sequential ceiling: in the same process (`--repeats` times, interleaved with the run; medians) it times
+the two halves of an iteration alone, each in one jitted scan, compile excluded: the actor side (act +
+env step + buffer add, `train_interval` vector steps per iteration, no train step; this run also fills
+the buffer) and the learner side (the agent's guarded
 `train_step` on that filled buffer, `--learner-steps` steps). With t_actor = actor seconds per env step and
 t_learner = train-step seconds / (num_envs * train_interval), the ceiling of a loop that does one after the
 other is 1 / (t_actor + t_learner) env steps per second (times seeds); the run's SPS is printed as a
@@ -150,9 +151,11 @@ def _block(tree):
     return tree
 
 
-def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: int = 0) -> dict:
+def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: int = 0, repeats: int = 1) -> dict:
     """Compile time and SPS of the Anakin runner for `steps` env steps per seed; with `learner_steps`, also
-    the actor and learner halves alone and the sequential ceiling (`bench_halves`)."""
+    the actor and learner halves alone and the sequential ceiling (`bench_halves`). With `repeats > 1` the
+    whole run and the two halves are timed `repeats` times, interleaved (run, actor, learner, run, ...), so
+    that load from other processes hits them alike; medians are reported."""
     from rl.experiment import build
 
     cfg = compose([*overrides, f"seeds={seeds}", f"total_steps={steps}", "logger=none"])
@@ -163,17 +166,27 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     t0 = time.perf_counter()
     compiled = runner.chunk.lower(state, it, iters).compile()
     compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state, it, out = _block(compiled(state, it))
-    run_s = time.perf_counter() - t0
+    halves = Halves(runner, seeds, iters, learner_steps) if learner_steps else None
+    run_times, actor_times, learner_times = [], [], []
+    for r in range(repeats):
+        if r:
+            state, it = _block(runner.init())
+        t0 = time.perf_counter()
+        state, it, out = _block(compiled(state, it))
+        run_times.append(time.perf_counter() - t0)
+        if halves is not None:
+            a, l = halves.time()
+            actor_times.append(a)
+            learner_times.append(l)
+    run_s = float(np.median(run_times))
     env_steps = iters * runner.steps_per_iter
-    result = {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "env_steps": env_steps,
+    result = {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "run_s_all": run_times, "env_steps": env_steps,
               "sps": env_steps * seeds / run_s, "sps_per_seed": env_steps / run_s,
               "return": np.asarray(out["episode_return"]).tolist()}
     result.update(bench_buffer(runner, iters, seeds))
     result["buffer_share"] = (result["buffer_add_s"] + result["buffer_sample_s"]) / run_s
-    if learner_steps:
-        result.update(bench_halves(runner, seeds, iters, learner_steps))
+    if halves is not None:
+        result.update(halves.result(float(np.median(actor_times)), float(np.median(learner_times))))
         result["ceiling_fraction"] = result["sps"] / result["ceiling_sps"]
         # The same bound for this run's schedule (no train step before `learning_starts`).
         trained = max(iters - runner.learn_iter + 1, 0)
@@ -182,53 +195,64 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     return result
 
 
-def bench_halves(runner, seeds: int, iters: int, learner_steps: int) -> dict:
+class Halves:
     """The actor side and the learner side of the runner's iteration, each alone in one jitted scan
-    (compile excluded), and the sequential ceiling `1 / (t_actor + t_learner)` in env steps per second
-    (all seeds). The actor runs `max(min(iters, 5000), fill)` iterations, `fill` enough to reach
-    `learning_starts` and for the buffer to sample; the learner then runs `learner_steps` train steps
-    (every seed) on that buffer."""
-    from rl import sharding
+    (compiled once here), and the sequential ceiling `1 / (t_actor + t_learner)` in env steps per second
+    (all seeds). `time()` runs the actor for `max(min(iters, 5000), fill)` iterations from a fresh state,
+    `fill` enough to reach `learning_starts` and for the buffer to sample, then `learner_steps` train steps
+    (every seed) on that buffer; returns the two wall times."""
 
-    agent = runner.agent
-    per_iter = runner.steps_per_iter  # env steps per seed per iteration
-    fill = math.ceil(max(int(agent.learning_starts), int(getattr(agent, "batch_size", 1) or 1)) / per_iter) + 1
-    actor_iters = max(min(iters, 5000), fill)
+    def __init__(self, runner, seeds: int, iters: int, learner_steps: int):
+        from rl import sharding
 
-    def actor(s):
-        def body(s, _):
-            s, finished = sharding.vmap_seeds(runner._collect)(s)
-            return s, jax.tree_util.tree_map(jnp.sum, finished)  # consumed: nothing is optimised away
+        self.runner, self.seeds, self.learner_steps = runner, seeds, learner_steps
+        agent = runner.agent
+        self.per_iter = per_iter = runner.steps_per_iter  # env steps per seed per iteration
+        fill = math.ceil(max(int(agent.learning_starts), int(getattr(agent, "batch_size", 1) or 1)) / per_iter) + 1
+        self.actor_iters = actor_iters = max(min(iters, 5000), fill)
 
-        return jax.lax.scan(body, s, None, actor_iters)
+        def actor(s):
+            def body(s, _):
+                s, finished = sharding.vmap_seeds(runner._collect)(s)
+                return s, jax.tree_util.tree_map(jnp.sum, finished)  # consumed: nothing is optimised away
 
-    def learner(s):
-        def body(s, _):
-            s, (metrics, _) = runner._train(s)
-            return s, jax.tree_util.tree_map(jnp.sum, metrics)
+            return jax.lax.scan(body, s, None, actor_iters)
 
-        s, metrics = jax.lax.scan(body, s, None, learner_steps)
-        return s, metrics
+        def learner(s):
+            def body(s, _):
+                s, (metrics, _) = runner._train(s)
+                return s, jax.tree_util.tree_map(jnp.sum, metrics)
 
-    with sharding.use_mesh(runner.mesh):
-        state, _ = _block(runner.init())
-        actor_fn = jax.jit(actor, donate_argnums=0).lower(state).compile()
-        t0 = time.perf_counter()
-        state, _ = _block(actor_fn(state))
-        actor_s = time.perf_counter() - t0
-        first = jax.tree_util.tree_map(lambda x: x[0], state.buffer)
-        if not bool(agent.buffer.can_sample(first)):
-            raise RuntimeError(f"the buffer cannot sample after {actor_iters} actor iterations")
-        learner_fn = jax.jit(learner, donate_argnums=0).lower(state).compile()
-        t0 = time.perf_counter()
-        state, _ = _block(learner_fn(state))
-        learner_s = time.perf_counter() - t0
-    t_actor = actor_s / (actor_iters * per_iter * seeds)  # seconds per env step (all seeds)
-    t_train = learner_s / learner_steps  # seconds per train step of every seed
-    t_learner = t_train / (per_iter * seeds)  # = train step time / (num_envs * train_interval), per seed
-    return {"actor_iters": actor_iters, "actor_s": actor_s, "learner_steps": learner_steps, "learner_s": learner_s,
-            "t_actor_per_env_step": t_actor, "t_train_step": t_train, "t_learner_per_env_step": t_learner,
-            "actor_sps": 1 / t_actor, "ceiling_sps": 1 / (t_actor + t_learner)}
+            return jax.lax.scan(body, s, None, learner_steps)
+
+        with sharding.use_mesh(runner.mesh):
+            state, _ = _block(runner.init())
+            self.actor_fn = jax.jit(actor, donate_argnums=0).lower(state).compile()
+            state, _ = _block(self.actor_fn(state))
+            first = jax.tree_util.tree_map(lambda x: x[0], state.buffer)
+            if not bool(agent.buffer.can_sample(first)):
+                raise RuntimeError(f"the buffer cannot sample after {actor_iters} actor iterations")
+            self.learner_fn = jax.jit(learner, donate_argnums=0).lower(state).compile()
+
+    def time(self) -> tuple[float, float]:
+        from rl import sharding
+
+        with sharding.use_mesh(self.runner.mesh):
+            state, _ = _block(self.runner.init())
+            t0 = time.perf_counter()
+            state, _ = _block(self.actor_fn(state))
+            actor_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            _block(self.learner_fn(state))
+            return actor_s, time.perf_counter() - t0
+
+    def result(self, actor_s: float, learner_s: float) -> dict:
+        t_actor = actor_s / (self.actor_iters * self.per_iter * self.seeds)  # seconds per env step (all seeds)
+        t_train = learner_s / self.learner_steps  # seconds per train step of every seed
+        t_learner = t_train / (self.per_iter * self.seeds)  # = train step time / (num_envs * train_interval)
+        return {"actor_iters": self.actor_iters, "actor_s": actor_s, "learner_steps": self.learner_steps,
+                "learner_s": learner_s, "t_actor_per_env_step": t_actor, "t_train_step": t_train,
+                "t_learner_per_env_step": t_learner, "actor_sps": 1 / t_actor, "ceiling_sps": 1 / (t_actor + t_learner)}
 
 
 def bench_buffer(runner, iters: int, seeds: int) -> dict:
@@ -297,6 +321,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--no-baseline", action="store_true", help="skip the PureJaxRL-style baseline")
     parser.add_argument("--learner-steps", type=int, default=500,
                         help="train steps timed alone for the sequential ceiling (0: skip it)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times the run and the two halves are timed, interleaved (medians reported)")
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
@@ -312,8 +338,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print("preset:", " ".join(preset))
     results = []
     for seeds in (int(s) for s in args.seeds.split(",")):
-        r = bench_runner(overrides, seeds, args.steps, args.learner_steps)
-        line = (f"[ours]     seeds={seeds:3d}  compile {r['compile_s']:6.1f}s  run {r['run_s']:7.2f}s  "
+        r = bench_runner(overrides, seeds, args.steps, args.learner_steps, args.repeats)
+        line = (f"[ours]     seeds={seeds:3d}  compile {r['compile_s']:6.1f}s  "
+                f"run {r['run_s']:7.2f}s (median of {len(r['run_s_all'])})  "
                 f"SPS {r['sps']:12,.0f}  buffer ops {100 * r['buffer_share']:5.1f}% "
                 f"(add {r['buffer_add_s']:.2f}s, sample {r['buffer_sample_s']:.2f}s)  "
                 f"mean return over the run {np.nanmean(r['return']):.1f}")
