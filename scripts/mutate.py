@@ -56,8 +56,8 @@ BUF_NSTEP = ("tests/buffers/test_nstep.py",)
 BUF_SUMTREE = ("tests/buffers/test_sumtree.py",)
 BUF_SEQUENCES = ("tests/buffers/test_sequences.py", "-k", "priorit")
 CATEGORICAL = ("tests/rl/test_categorical.py",)
-ANAKIN = ("tests/rl/test_anakin.py",)
-ENVPOOL = ("tests/test_envpool_source.py",)
+ANAKIN = ("tests/rl/test_anakin.py", "tests/rl/test_runner_steps.py")
+ENVPOOL = ("tests/test_envpool_source.py", "tests/rl/test_runner_steps.py")
 
 
 MUESLI_FILES = "agents/muesli/agent.py|agents/muesli/targets.py|agents/muesli.py"  # package, or the old module
