@@ -152,13 +152,13 @@ def pipeline_stats(before: dict, after: dict, wall: float, threads: int) -> dict
 
 
 def anakin_sps(agent_name: str, num_envs: int, seconds: float, overrides: tuple[str, ...] = ()) -> float:
-    """Training SPS of the Anakin runner, one seed, `agent=<agent_name> env=cartpole` (gymnax CartPole-v1),
-    over `seconds` after the compile and `learning_starts` (chunks of ~4k env steps)."""
+    """Training SPS of the Anakin runner, one seed on one device, `agent=<agent_name> env=cartpole` (gymnax
+    CartPole-v1), over `seconds` after the compile and `learning_starts` (chunks of ~4k env steps)."""
     from rl.config import compose
     from rl.experiment import build
 
     cfg = compose([f"agent={agent_name}", "env=cartpole", f"num_envs={num_envs}", "agent.learning_starts=1000",
-                   "seeds=1", "logger=none", *overrides])
+                   "mesh.devices=1", "seeds=1", "logger=none", *overrides])
     runner = build(cfg)
     n = max(1, 4096 // runner.steps_per_iter)
     state, it = runner.init()
