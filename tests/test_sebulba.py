@@ -1,6 +1,7 @@
 """Sebulba runner: env_id writes vs a plain-Python reference (any recv order), the real async pipeline on
 CartPole (XLA handle and host loop), the replay-ratio schedule, config errors, DQN smoke runs on envpool
-CartPole (with resume) and Pong; slow: DQN learns CartPole async (3 seeds), DQN on Pong for 20k steps."""
+CartPole (with resume) and Pong, the device split and thread config errors; slow: DQN learns CartPole
+async (3 seeds), DQN on Pong for 20k steps."""
 
 import csv
 import time
@@ -231,3 +232,23 @@ def test_dqn_learns_cartpole_async(tmp_path):
         print(f"CartPole async DQN seed {seed}: {res['env_steps']} env steps, {time.perf_counter() - t0:.0f}s, "
               f"greedy eval mean {means[-1]:.1f}")
     assert np.mean(means) >= 475 and min(means) >= 400, means
+
+
+def test_device_split_and_thread_config_errors():
+    """`env.actor_devices` / `env.learner_devices` -> (actor devices, learner devices), disjoint when actors
+    are named; the default keeps everything on device 0. Bad thread / device counts are refused by name."""
+    from rl.sebulba import split_devices
+
+    d = list("abcd")  # stand-ins for jax devices
+    assert split_devices(None, None, d) == (["a"], ["a"])
+    assert split_devices(None, 2, d) == (["a"], ["a", "b"])
+    assert split_devices(2, None, d) == (["a", "b"], ["c", "d"])
+    assert split_devices(2, 1, d) == (["a", "b"], ["c"])
+    assert split_devices(1, 3, d) == (["a"], ["b", "c", "d"])
+    for a, l in ((4, None), (3, 2), (5, 1), (None, 5)):
+        with pytest.raises(ConfigError, match="devices"):
+            split_devices(a, l, d)
+    with pytest.raises(ConfigError, match="divisible by env.actor_threads=3"):
+        build(compose_cfg("num_envs=16", "env.batch_size=8", "env.actor_threads=3"))
+    with pytest.raises(ConfigError, match="env.actor_threads must be >= 1"):
+        validate(compose_cfg("env.actor_threads=0"))
