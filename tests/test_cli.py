@@ -64,8 +64,9 @@ def test_resume_then_evaluate(trained, tmp_path):
     proc = _run("scripts.train", *over, "total_steps=16000", "logger=none", f"resume={run_dir}",
                 f"hydra.run.dir={tmp_path / 'resumed'}")
     assert f"resumed from {run_dir} at env step 3000" in proc.stdout + proc.stderr
-    assert (tmp_path / "resumed" / "checkpoints" / "16000").is_dir()
-    proc = _run("scripts.evaluate", str(tmp_path / "resumed"), "--episodes", "5", "--json")
+    # The resumed run continues in its own run dir (hydra's new dir is not used for outputs).
+    assert (run_dir / "checkpoints" / "16000").is_dir() and not (tmp_path / "resumed" / "checkpoints").exists()
+    proc = _run("scripts.evaluate", str(run_dir), "--episodes", "5", "--json")
     returns = json.loads(proc.stdout.strip().splitlines()[-1])["returns"]
     assert len(returns) == 1 and len(returns[0]) == 5
     assert sum(returns[0]) / 5 >= 3.5 * RANDOM_POLICY_RETURN, returns
