@@ -2,7 +2,7 @@
 agent it names.
 
 Every agent is a module or package `agents/<name>` exposing its `Config` dataclass and
-`make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/agent.py).
+`make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/learning/agent.py).
 Agents are imported lazily, so an agent's dependencies load only when it is used.
 """
 

@@ -1,7 +1,7 @@
 """DQN: double Q-learning with n-step returns, a target network (periodic copy or Polyak), epsilon-greedy
 exploration with linear decay, Huber or MSE loss, uniform or prioritised replay from buffers/nstep.py.
 
-Follows rl/agent.py. Replay ratio: every `train_interval` vector env steps (num_envs env steps each) the
+Follows rl/learning/agent.py. Replay ratio: every `train_interval` vector env steps (num_envs env steps each) the
 runner calls `train_step`, which makes `updates_per_train` gradient steps on batches of `batch_size`.
 Epsilon decays linearly over `epsilon_decay_steps` env steps counted from the first update; the env-step
 count is the learner's update count times the env steps per update, so it is exact in Anakin and follows
@@ -22,14 +22,14 @@ from flax import struct
 import agents
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
-from rl import sharding
-from rl.agent import StepFormat, standard_step_spec
-from rl.exploration import epsilon_greedy
-from rl.networks import NetworkConfig, make_q_network
-from rl.optim import OptimConfig, make_optimizer
-from rl.schedules import linear
-from rl.target_update import update_target
-from rl.targets import LOSSES, q_target, td_loss
+from rl.infra import sharding
+from rl.learning.agent import StepFormat, standard_step_spec
+from rl.learning.exploration import epsilon_greedy
+from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.schedules import linear
+from rl.learning.target_update import update_target
+from rl.learning.targets import LOSSES, q_target, td_loss
+from rl.nets.networks import NetworkConfig, make_q_network
 
 
 @dataclasses.dataclass
@@ -90,7 +90,7 @@ class DQNState:
 
 
 class DQN(StepFormat):
-    """The DQN agent (rl/agent.py protocol) for one observation shape and action count."""
+    """The DQN agent (rl/learning/agent.py protocol) for one observation shape and action count."""
 
     def __init__(self, cfg: Config, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
                  num_envs: int):

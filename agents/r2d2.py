@@ -1,6 +1,6 @@
 """R2D2 (Kapturowski et al. 2019): recurrent Q-learning from prioritised replay of stored-state sequences.
 
-* Network: torso (MLP for vectors, Nature CNN for Atari) -> LSTM -> dueling Q head (rl/recurrent.py).
+* Network: torso (MLP for vectors, Nature CNN for Atari) -> LSTM -> dueling Q head (rl/nets/recurrent.py).
 * Replay: the per-env rows of `buffers.sequences`; every step stores the actor's LSTM state from *before*
   it acted (`make_step` gets it from the runner), so a sampled sequence `[L]` starts from the state the
   actor had at its first step ("stored state"; `stored_state=False` starts from zeros instead: the paper's
@@ -32,13 +32,19 @@ from flax import struct
 import agents
 from buffers.priorities import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
-from rl import sharding
-from rl.agent import StepFormat, episode_done, standard_step_spec
-from rl.exploration import epsilon_greedy
-from rl.networks import NetworkConfig
-from rl.optim import OptimConfig, make_optimizer
-from rl.recurrent import LSTMCarry, make_recurrent_q_network, reset_flags, unroll_with_burn_in, zero_carry
-from rl.target_update import update_target
+from rl.infra import sharding
+from rl.learning.agent import StepFormat, episode_done, standard_step_spec
+from rl.learning.exploration import epsilon_greedy
+from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.target_update import update_target
+from rl.nets.networks import NetworkConfig
+from rl.nets.recurrent import (
+    LSTMCarry,
+    make_recurrent_q_network,
+    reset_flags,
+    unroll_with_burn_in,
+    zero_carry,
+)
 
 
 @dataclasses.dataclass
@@ -132,7 +138,7 @@ def valid_td_mask(mask: jax.Array, terminated: jax.Array, done: jax.Array, n: in
 
 
 class R2D2(StepFormat):
-    """The agent (rl/agent.py protocol). Each stored step holds the actor's LSTM state from *before* it acted
+    """The agent (rl/learning/agent.py protocol). Each stored step holds the actor's LSTM state from *before* it acted
     on `obs` (stored state); the next observation is the next step of the row."""
 
     def __init__(self, cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int):

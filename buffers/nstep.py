@@ -1,6 +1,6 @@
 """n-step transitions sampled from per-env rows (DQN n-step), respecting episode ends.
 
-Steps are stored in the step format of `rl/agent.py`: a mapping (or attribute object) with `obs`, `action`,
+Steps are stored in the step format of `rl/learning/agent.py`: a mapping (or attribute object) with `obs`, `action`,
 `reward`, `terminated`, `truncated` and `next_obs` (the pre-reset observation after the action). The rows
 are those of a sequence buffer with `L = n` that never crosses an episode end (`done = terminated |
 truncated`), so a sampled window holds `k <= n` valid steps: `n`, or fewer when the episode ended inside it

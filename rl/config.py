@@ -20,10 +20,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rl.distributed import DistributedConfig, MeshConfig
+from rl.infra.distributed import DistributedConfig, MeshConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
-ENV_SOURCES = {"gymnax": "rl.gymnax_source", "envpool": "rl.envpool_env"}  # module holding `EnvConfig`
+ENV_SOURCES = {"gymnax": "rl.envs.gymnax_source", "envpool": "rl.envs.envpool_env"}  # module holding `EnvConfig`
 # Keys that may differ between a run and its resumption (they do not change what is computed).
 RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "mesh",
                     "distributed", "on_nonfinite")

@@ -1,4 +1,4 @@
-"""The one wiring place: a composed config -> env source, agent, runner -> the host loop (rl/loop.py).
+"""The one wiring place: a composed config -> env source, agent, runner -> the host loop (rl/runners/loop.py).
 
 This is the only module under rl/ that imports `agents`. `scripts/train.py`, `scripts/evaluate.py` and the
 Python entry points call it:
@@ -8,7 +8,7 @@ Python entry points call it:
   (final state included).
 * `run(cfg, run_dir, overrides=None) -> dict`: train a composed config into `run_dir`.
 * `evaluate_run(run_dir, episodes, seed) -> [S, episodes]`: greedy returns of a saved run, either source.
-* `build(cfg) -> runner`: the runner (`rl.anakin.Anakin` for gymnax, `rl.sebulba.Sebulba` for envpool)
+* `build(cfg) -> runner`: the runner (`rl.runners.anakin.Anakin` for gymnax, `rl.runners.sebulba.Sebulba` for envpool)
   with its source and agent.
 
 Resuming (`resume=<run dir>`): the saved run's config is used; `overrides` (the command line) may change
@@ -28,8 +28,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
-from rl import checkpoint, loop
 from rl.config import check_resumable, check_top_level, compose, env_config, resume_config
+from rl.infra import checkpoint
+from rl.runners import loop
 
 
 def validate(cfg: DictConfig):
@@ -41,10 +42,10 @@ def validate(cfg: DictConfig):
 
 def _source(cfg: DictConfig, env_cfg):
     if env_cfg.source == "envpool":
-        from rl.envpool_env import build_source
+        from rl.envs.envpool_env import build_source
 
         return build_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))
-    from rl.gymnax_source import make_source
+    from rl.envs.gymnax_source import make_source
 
     return make_source(env_cfg, int(cfg.num_envs))
 
@@ -56,10 +57,10 @@ def build(cfg: DictConfig):
     agent = make_agent(agent_cfg, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
                        num_actions=source.num_actions, num_envs=source.num_envs)
     if cfg.env.source == "envpool":
-        from rl.sebulba import Sebulba
+        from rl.runners.sebulba import Sebulba
 
         return Sebulba(cfg, agent, source)
-    from rl.anakin import Anakin
+    from rl.runners.anakin import Anakin
 
     return Anakin(cfg, agent)
 
@@ -97,8 +98,8 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
 
     `overrides`: the command line that composed `cfg` (used to resume: see the module docstring); None
     compares the whole config with a resumed run's."""
-    from rl import distributed
-    from rl.logging import RunLogger
+    from rl.infra import distributed
+    from rl.infra.logging import RunLogger
 
     distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
     cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)

@@ -1,4 +1,4 @@
-"""Benchmark (not a test): the conv torsos' gradient step with XLA's native convs vs rl/conv.py's fast path.
+"""Benchmark (not a test): the conv torsos' gradient step with XLA's native convs vs rl/nets/conv.py's fast path.
 
     python -m scripts.bench_conv                       # all torsos, batch 64 (minutes: the IMPALA CNN is slow)
     python -m scripts.bench_conv --torsos minatar,nature --k 10 --repeats 5
@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rl.conv import conv_impl
-from rl.impala import ImpalaCNN
-from rl.networks import NatureCNN, SmallCNN
+from rl.nets.conv import conv_impl
+from rl.nets.impala import ImpalaCNN
+from rl.nets.networks import NatureCNN, SmallCNN
 from scripts.bench_common import calls_runner, format_table, loop_runner, print_json_line, time_interleaved
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")

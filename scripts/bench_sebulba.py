@@ -38,7 +38,7 @@ from scripts.bench_common import format_table, print_json_line
 
 
 def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
-    from rl.envpool_env import EnvConfig, build_source
+    from rl.envs.envpool_env import EnvConfig, build_source
 
     source = build_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
     env, n_act, rng = source.env, source.num_actions, np.random.default_rng(0)
@@ -61,7 +61,7 @@ def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
 
 
 def raw_xla_sps(task: str, num_envs: int, batch: int, seconds: float, k: int = 256) -> float:
-    from rl.envpool_env import EnvConfig, build_source
+    from rl.envs.envpool_env import EnvConfig, build_source
 
     source = build_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
     handle, recv, send = source.xla()

@@ -203,7 +203,7 @@ class Halves:
     (every seed) on that buffer; returns the two wall times."""
 
     def __init__(self, runner, seeds: int, iters: int, learner_steps: int):
-        from rl import sharding
+        from rl.infra import sharding
 
         self.runner, self.seeds, self.learner_steps = runner, seeds, learner_steps
         agent = runner.agent
@@ -235,7 +235,7 @@ class Halves:
             self.learner_fn = jax.jit(learner, donate_argnums=0).lower(state).compile()
 
     def time(self) -> tuple[float, float]:
-        from rl import sharding
+        from rl.infra import sharding
 
         with sharding.use_mesh(self.runner.mesh):
             state, _ = _block(self.runner.init())

@@ -50,7 +50,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rl.sweep import RETURN_KEY, final_returns, read_metrics
+from rl.infra.sweep import RETURN_KEY, final_returns, read_metrics
 from scripts.plot import aggregate, collect_curves
 
 REPO = Path(__file__).resolve().parent.parent

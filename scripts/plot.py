@@ -1,6 +1,6 @@
 """Learning curves from local logs (no wandb): `python -m scripts.plot <run or sweep dir> [options]`.
 
-Every run dir (a dir with `metrics.csv`, rl/logging.py) at or below the given dir is read. Runs are
+Every run dir (a dir with `metrics.csv`, rl/infra/logging.py) at or below the given dir is read. Runs are
 grouped by the hydra overrides that differ between them, `seed` excepted (so `seed=0,1,2` of one config
 form one group; `--group-by` picks the keys instead); every
 seed of every run in a group is one curve (vmapped seeds included). Each group is drawn as the mean over
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rl.logging import no_values
-from rl.sweep import find_runs, read_metrics, run_overrides
+from rl.infra.logging import no_values
+from rl.infra.sweep import find_runs, read_metrics, run_overrides
 
 IGNORED_KEYS = ("seed",)
 

@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 
 from rl.config import ConfigError
 from rl.experiment import run
-from rl.loop import Preempted
-from rl.sweep import objective
+from rl.infra.sweep import objective
+from rl.runners.loop import Preempted
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from agents import agent_config, available_agents, make_agent
 from rl.config import CONFIG_DIR, ConfigError, compose, env_config
+from rl.envs.gymnax_source import make_source
 from rl.experiment import validate
-from rl.gymnax_source import make_source
 
 
 def _options(group: str) -> list[str]:

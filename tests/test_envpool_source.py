@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.envpool_source import Recv, init_tracker, make_source, track
+from rl.envs.envpool_source import Recv, init_tracker, make_source, track
 
 MAX_STEPS = 40  # short CartPole episodes so that truncation happens often
 

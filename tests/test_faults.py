@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from rl import checkpoint
 from rl.config import compose
 from rl.experiment import build, run
-from rl.guard import NonFiniteError
+from rl.infra import checkpoint
+from rl.runners.guard import NonFiniteError
 from tests.conftest import TINY_DQN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ KILL_DURING_SAVE = """
 import os, sys
 import jax.numpy as jnp
 from orbax.checkpoint._src.path import atomicity
-from rl import checkpoint
+from rl.infra import checkpoint
 d = sys.argv[1]
 checkpoint.save(d, 1, {"w": jnp.ones(10)}, {"env_steps": 1})
 async def die(self, *args, **kwargs):  # the data of step 2 is on disk, not yet committed

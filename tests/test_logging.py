@@ -1,4 +1,4 @@
-"""rl/logging.py: the progress bar's total and postfix, and the learning curve when no episode has finished."""
+"""rl/infra/logging.py: the progress bar's total and postfix, and the learning curve when no episode has finished."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rl.logging import NO_EPISODE, RunLogger, plot_learning_curve
+from rl.infra.logging import NO_EPISODE, RunLogger, plot_learning_curve
 
 
 def _cfg(total_steps: int = 1000, progress: bool = True):

@@ -5,8 +5,8 @@ launchers are skipped), and the lines marked `(quick)` run for real."""
 from __future__ import annotations
 
 import itertools
-import re
 import os
+import re
 import shlex
 import subprocess
 import sys

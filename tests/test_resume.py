@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from rl import checkpoint
 from rl.config import ConfigError, compose
 from rl.experiment import run
+from rl.infra import checkpoint
 from tests.conftest import TINY_DQN
 
 BASE = [*TINY_DQN, "seeds=2", "total_steps=800", "log_interval=400", "eval_episodes=1"]

@@ -14,10 +14,10 @@ from hydra import compose, initialize_config_dir
 import rl.config  # noqa: F401 - registers the structured base config
 from agents import agent_config, make_agent
 from rl.config import ConfigError
-from rl.envpool_source import EnvpoolSource, Recv
+from rl.envs.envpool_source import EnvpoolSource, Recv
 from rl.experiment import build, validate
-from rl.sebulba_actor import Rollout, new_tracker
-from rl.sebulba_learner import Learner
+from rl.runners.sebulba_actor import Rollout, new_tracker
+from rl.runners.sebulba_learner import Learner
 from tests.test_envpool_source import MAX_STEPS, check_cartpole_rows
 
 CONFIGS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
@@ -237,7 +237,7 @@ def test_dqn_learns_cartpole_async(tmp_path):
 def test_device_split_and_thread_config_errors():
     """`env.actor_devices` / `env.learner_devices` -> (actor devices, learner devices), disjoint when actors
     are named; the default keeps everything on device 0. Bad thread / device counts are refused by name."""
-    from rl.sebulba import split_devices
+    from rl.runners.sebulba import split_devices
 
     d = list("abcd")  # stand-ins for jax devices
     assert split_devices(None, None, d) == (["a"], ["a"])

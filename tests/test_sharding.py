@@ -1,4 +1,4 @@
-"""rl/sharding.py and rl/distributed.py. Multi-device runs happen in subprocesses that start JAX with
+"""rl/infra/sharding.py and rl/infra/distributed.py. Multi-device runs happen in subprocesses that start JAX with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`, so this pytest process stays single-device."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh
 
-from rl import distributed, sharding
+from rl.infra import distributed, sharding
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "tests" / "multidevice" / "toy_runner.py"

@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from rl import config as _config  # noqa: F401  (registers base_config in the ConfigStore)
-from rl import sweep
+from rl.infra import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = str(ROOT / "configs")
@@ -32,7 +32,7 @@ def hydra_compose(overrides: list[str]):
 def test_default_launcher_is_local_joblib_and_callback_registered():
     cfg = hydra_compose([])
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == 4
-    assert cfg.hydra.callbacks.sweep._target_ == "rl.sweep.SweepCallback"
+    assert cfg.hydra.callbacks.sweep._target_ == "rl.infra.sweep.SweepCallback"
 
 
 # The SLURM/ray launchers and the Optuna sweeper are the `cluster` extra of pyproject.toml.

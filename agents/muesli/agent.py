@@ -8,7 +8,7 @@ Targets come from the target ("prior") network, an EMA of the online parameters 
 * one-step look-ahead q(s, a) = r(s, a) + gamma v(s') through the learned model, for every action, and
   the baseline v(s) = E_{pi_prior} q(s, .);
 * Retrace (lambda 0.95) over the sequence with pi_prior as target policy and the stored behaviour
-  log-probabilities: G_t estimates q(s_t, a_t), V_t the state value (rl/retrace.py);
+  log-probabilities: G_t estimates q(s_t, a_t), V_t the state value (rl/learning/retrace.py);
 * advantages normalised by the running second moment of the Retrace advantages G_t - v(s_t) (EMA, beta
   0.99), their variance since they are centred;
 * CMPO: pi_cmpo(a|s) proportional to pi_prior(a|s) exp(clip((q(s, a) - v(s)) / sigma, -c, c)).
@@ -46,12 +46,12 @@ from agents.muesli.targets import (
     unroll_masks,
 )
 from buffers.sequences import make_sequence_buffer
-from rl import sharding
-from rl.agent import StepFormat, episode_done, standard_step_spec
-from rl.categorical import CategoricalSupport
-from rl.optim import OptimConfig, make_optimizer
-from rl.retrace import retrace_coefficients, retrace_targets
-from rl.target_update import update_target
+from rl.infra import sharding
+from rl.learning.agent import StepFormat, episode_done, standard_step_spec
+from rl.learning.categorical import CategoricalSupport
+from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.retrace import retrace_coefficients, retrace_targets
+from rl.learning.target_update import update_target
 
 
 @dataclasses.dataclass
@@ -123,7 +123,7 @@ class MuesliState:
 
 
 class Muesli(StepFormat):
-    """The agent surface of rl/agent.py; static configuration and pure methods."""
+    """The agent surface of rl/learning/agent.py; static configuration and pure methods."""
 
     def __init__(self, cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
         self.cfg = cfg
@@ -145,7 +145,7 @@ class Muesli(StepFormat):
             period=1, start="any", cross_episodes=True, length_power=cfg.length_power,
             online_window=cfg.sequence_length, done_fn=episode_done)
 
-    # ---- the rl/agent.py surface -------------------------------------------------------------------
+    # ---- the rl/learning/agent.py surface -------------------------------------------------------------------
 
     def init(self, key: jax.Array, obs_example: jax.Array) -> MuesliState:
         params = self.network.init(key, jnp.asarray(obs_example)[None])

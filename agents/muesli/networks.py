@@ -1,7 +1,7 @@
 """Muesli's networks (Hessel et al. 2021): representation, learned dynamics, policy/value/reward heads.
 
-* `represent(obs [..., *obs_shape]) -> state [..., S]`: a torso (MLP, MinAtar/Nature CNN from rl/networks.py,
-  or the IMPALA CNN from rl/impala.py) and a linear projection, layer-normalised.
+* `represent(obs [..., *obs_shape]) -> state [..., S]`: a torso (MLP, MinAtar/Nature CNN from rl/nets/networks.py,
+  or the IMPALA CNN from rl/nets/impala.py) and a linear projection, layer-normalised.
 * `predict(state [..., S]) -> (policy_logits [..., A], value_logits [..., N])`: shared by the root state and
   every model state.
 * `step(state [..., S], action [...]) -> (next_state [..., S], reward_logits [..., N])`: the dynamics model,
@@ -15,7 +15,7 @@
     LSTM cell of `state_dim` units and predicts the reward from the new `h`. The policy/value heads read
     `LayerNorm(h)` at the root and at every model step. `model_hidden` is unused.
 
-Value and reward logits are over the categorical support of rl/categorical.py (N atoms). Their output
+Value and reward logits are over the categorical support of rl/learning/categorical.py (N atoms). Their output
 layers start at zero, so the initial value and reward read back as 0; the policy starts near uniform.
 """
 
@@ -28,8 +28,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rl.impala import ImpalaCNN
-from rl.networks import ACTIVATIONS, NetworkConfig, _channels_first, make_torso
+from rl.nets.impala import ImpalaCNN
+from rl.nets.networks import ACTIVATIONS, NetworkConfig, _channels_first, make_torso
 
 TORSOS = ("auto", "mlp", "small_cnn", "nature_cnn", "impala")
 MODELS = ("mlp", "lstm")
@@ -39,7 +39,7 @@ MODELS = ("mlp", "lstm")
 class MuesliNetworkConfig:
     """`network:` section of the Muesli config."""
 
-    torso: str = "auto"  # auto (by observation rank/size, see rl/networks.py) | mlp | small_cnn | nature_cnn | impala
+    torso: str = "auto"  # auto (by observation rank/size, see rl/nets/networks.py) | mlp | small_cnn | nature_cnn | impala
     hidden_sizes: list[int] = dataclasses.field(default_factory=lambda: [256, 256])  # MLP torso
     cnn_dense: int = 256  # dense layer after a CNN torso
     impala_channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32, 32])
@@ -63,7 +63,7 @@ class MuesliNetworkConfig:
 
 
 def make_representation_torso(obs_shape: Sequence[int], cfg: MuesliNetworkConfig) -> nn.Module:
-    """The observation torso: `impala` here, anything else from `rl.networks.make_torso`."""
+    """The observation torso: `impala` here, anything else from `rl.nets.networks.make_torso`."""
     if cfg.torso == "impala":
         if len(obs_shape) != 3:
             raise ValueError(f"agent.network.torso='impala' needs image observations [H, W, C]; got shape "

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import rlax
 from flax import struct
 
-from rl.retrace import RetraceTargets
+from rl.learning.retrace import RetraceTargets
 
 
 @struct.dataclass

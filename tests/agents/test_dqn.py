@@ -106,7 +106,7 @@ def test_epsilon_greedy_and_decay():
 
 # --------------------------------------------------------------------- the loss against a NumPy re-derivation
 def _mlp_params(rng, obs_dim=3, hidden=8, actions=3, scale=1.0):
-    """Parameters of the 1-hidden-layer Q network (rl/networks.py, hidden_sizes=[hidden]) drawn at random."""
+    """Parameters of the 1-hidden-layer Q network (rl/nets/networks.py, hidden_sizes=[hidden]) drawn at random."""
     f = lambda *shape: jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
     return {"params": {"torso": {"Dense_0": {"kernel": f(obs_dim, hidden), "bias": f(hidden)}},
                        "head": {"q_out": {"kernel": f(hidden, actions), "bias": f(actions)}}}}

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from agents.r2d2 import R2D2, Config, actor_epsilons, valid_td_mask
-from rl.agent import reset_carry
-from rl.gymnax_source import make_source
-from rl.networks import NetworkConfig
-from rl.optim import OptimConfig
+from rl.envs.gymnax_source import make_source
+from rl.learning.agent import reset_carry
+from rl.learning.optim import OptimConfig
+from rl.nets.networks import NetworkConfig
 
 E, STEPS, H = 4, 150, 16
 

@@ -20,13 +20,12 @@ import numpy as np
 
 
 def learner_case(out: str) -> None:
-    from agents import make_agent
-    from rl import sharding
-    from agents import agent_config
+    from agents import agent_config, make_agent
     from rl.config import compose
-    from rl.envpool_source import EnvpoolSource, Recv
-    from rl.sebulba_actor import Rollout, new_tracker
-    from rl.sebulba_learner import Learner
+    from rl.envs.envpool_source import EnvpoolSource, Recv
+    from rl.infra import sharding
+    from rl.runners.sebulba_actor import Rollout, new_tracker
+    from rl.runners.sebulba_learner import Learner
 
     E, T = 8, 24
     cfg = compose(["agent=dqn", "env=envpool/cartpole", f"num_envs={E}", "agent.batch_size=32",

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from rl import distributed, sharding
+from rl.infra import distributed, sharding
 
 S, E, T, B, D, STEPS = 4, 8, 16, 32, 3, 40
 OPT = optax.adam(1e-2)

@@ -13,9 +13,9 @@ import sys
 import jax
 import numpy as np
 
-from rl import sharding
 from rl.config import compose
 from rl.experiment import run
+from rl.infra import sharding
 
 
 def main(out: str, run_dir: str, overrides: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""rl/anakin.py: bit-exact resume, a recurrent carry handled generically, no host round-trips in a chunk,
+"""rl/runners/anakin.py: bit-exact resume, a recurrent carry handled generically, no host round-trips in a chunk,
 vmapped seeds."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from buffers.sequences import make_sequence_buffer
-from rl.anakin import Anakin
 from rl.experiment import build, run
+from rl.runners.anakin import Anakin
 
 
 def _leaves(tree):

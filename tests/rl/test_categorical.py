@@ -1,10 +1,10 @@
-"""rl/categorical.py: h(x) rescaling, two-hot projection, read-back and cross-entropy."""
+"""rl/learning/categorical.py: h(x) rescaling, two-hot projection, read-back and cross-entropy."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.categorical import CategoricalSupport
+from rl.learning.categorical import CategoricalSupport
 
 
 def h_numpy(x, eps=1e-3):

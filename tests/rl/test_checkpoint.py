@@ -1,4 +1,4 @@
-"""rl/checkpoint.py: exact round trip of runner-like pytrees (typed keys, empty arrays, custom nodes)."""
+"""rl/infra/checkpoint.py: exact round trip of runner-like pytrees (typed keys, empty arrays, custom nodes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import struct
 
-from rl import checkpoint
+from rl.infra import checkpoint
 
 
 @struct.dataclass

@@ -1,4 +1,4 @@
-"""rl/conv.py: the fast CPU conv / max-pool equal XLA's native ones (outputs and gradients), `Conv` has
+"""rl/nets/conv.py: the fast CPU conv / max-pool equal XLA's native ones (outputs and gradients), `Conv` has
 `nn.Conv`'s params, and the torsos take the fast path on CPU (and the native one when told)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.conv import Conv, conv2d, conv_impl, max_pool, use_fast
-from rl.impala import ImpalaCNN
-from rl.networks import NatureCNN, SmallCNN
+from rl.nets.conv import Conv, conv2d, conv_impl, max_pool, use_fast
+from rl.nets.impala import ImpalaCNN
+from rl.nets.networks import NatureCNN, SmallCNN
 
 
 def _close(a, b, rtol=2e-5):

@@ -1,4 +1,4 @@
-"""rl/gymnax_source.py: batched auto-reset, terminated vs truncated, final observations, episode stats."""
+"""rl/envs/gymnax_source.py: batched auto-reset, terminated vs truncated, final observations, episode stats."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rl.config import ConfigError
-from rl.episodes import EpisodeStats
-from rl.gymnax_source import make_source
+from rl.envs.episodes import EpisodeStats
+from rl.envs.gymnax_source import make_source
 
 
 def _rollout(source, actions, key):

@@ -1,4 +1,4 @@
-"""rl/networks.py: torso choice by observation rank, shapes with any leading dims, dueling head, errors."""
+"""rl/nets/networks.py: torso choice by observation rank, shapes with any leading dims, dueling head, errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rl.config import ConfigError, to_dataclass
-from rl.networks import MLP, NetworkConfig, QHead, _ConvTorso, make_q_network, make_torso
+from rl.nets.networks import MLP, NetworkConfig, QHead, _ConvTorso, make_q_network, make_torso
 
 
 def _init_apply(net, obs):

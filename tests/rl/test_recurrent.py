@@ -3,9 +3,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.agent import reset_carry
-from rl.networks import NetworkConfig
-from rl.recurrent import LSTMCarry, make_recurrent_q_network, reset_flags, unroll_with_burn_in, zero_carry
+from rl.learning.agent import reset_carry
+from rl.nets.networks import NetworkConfig
+from rl.nets.recurrent import (
+    LSTMCarry,
+    make_recurrent_q_network,
+    reset_flags,
+    unroll_with_burn_in,
+    zero_carry,
+)
 
 T, B, OBS, A, H = 7, 3, 5, 4, 8
 

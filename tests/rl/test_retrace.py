@@ -1,11 +1,11 @@
-"""rl/retrace.py against a plain Python loop over the Retrace sum, with episode ends inside sequences."""
+"""rl/learning/retrace.py against a plain Python loop over the Retrace sum, with episode ends inside sequences."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.retrace import RetraceTargets, retrace_coefficients, retrace_targets
+from rl.learning.retrace import RetraceTargets, retrace_coefficients, retrace_targets
 
 
 def retrace_loop(q, v, r, term, trunc, valid, c, gamma):

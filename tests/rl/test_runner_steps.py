@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from buffers.sequences import make_sequence_buffer
-from rl.agent import episode_done
-from rl.anakin import Anakin
 from rl.config import compose
-from rl.envpool_env import build_source
-from rl.sebulba import Sebulba
+from rl.envs.envpool_env import build_source
+from rl.learning.agent import episode_done
+from rl.runners.anakin import Anakin
+from rl.runners.sebulba import Sebulba
 from tests.test_envpool_source import cartpole_next
 
 LIMIT = 20  # time limit of the test episodes: truncation happens often

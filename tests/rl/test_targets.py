@@ -1,4 +1,4 @@
-"""rl/targets.py, rl/schedules.py, rl/optim.py against plain NumPy references."""
+"""rl/learning/targets.py, rl/learning/schedules.py, rl/learning/optim.py against plain NumPy references."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import optax
 import pytest
 
 from rl.config import ConfigError, to_dataclass
-from rl.optim import OptimConfig, make_optimizer
-from rl.schedules import linear
-from rl.targets import q_target, td_loss
+from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.schedules import linear
+from rl.learning.targets import q_target, td_loss
 
 
 def test_q_target_double_and_max():

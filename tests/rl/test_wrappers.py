@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.wrappers import ObservationFeatureWrapper
+from rl.envs.wrappers import ObservationFeatureWrapper
 
 
 @pytest.mark.parametrize("indices, match", [((), "empty"), ((0, 0), "duplicates"), ((5,), "out of range")])

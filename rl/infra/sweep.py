@@ -9,10 +9,10 @@
   `XLA_PYTHON_CLIENT_PREALLOCATE=false` (unless set) so parallel jobs can share one GPU;
 * after each job: writes `job.json` (overrides, status, the returned objective, the error) in its run dir;
 * after the sweep: writes `<sweep dir>/summary.csv`, one row per job (see `summarize`);
-  `python -m rl.sweep <sweep dir>` rewrites it (e.g. after a SLURM sweep whose launcher was stopped).
+  `python -m rl.infra.sweep <sweep dir>` rewrites it (e.g. after a SLURM sweep whose launcher was stopped).
 
 Single runs are untouched. The readers below (`find_runs`, `read_metrics`, `run_overrides`) are shared
-with scripts/plot.py. Everything is read from the local files the runs write (rl/logging.py:
+with scripts/plot.py. Everything is read from the local files the runs write (rl/infra/logging.py:
 `metrics.csv`, `summary.json`; hydra: `.hydra/overrides.yaml`), never from wandb.
 """
 
@@ -30,10 +30,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rl.logging import quiet_startup
+from rl.infra.logging import quiet_startup
 
 # scripts.train imports this module first thing, before rl.experiment.validate imports gymnax (which starts
-# JAX's backends): no "Unable to initialize backend 'tpu'" INFO line on the console (rl/logging.py).
+# JAX's backends): no "Unable to initialize backend 'tpu'" INFO line on the console (rl/infra/logging.py).
 quiet_startup()
 
 RETURN_KEY = "episode_return"
@@ -208,5 +208,5 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m rl.sweep <sweep dir>")
+        sys.exit("usage: python -m rl.infra.sweep <sweep dir>")
     print(summarize(sys.argv[1]))

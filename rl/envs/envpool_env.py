@@ -2,7 +2,7 @@
 
 * `EnvConfig`: `configs/env/envpool/*.yaml` (`source: envpool`); the number of envs is the top-level
   `num_envs`. Checked when built (`rl.config.env_config`).
-* `build_source(env_cfg, num_envs, seed, batch_size=None)`: the `EnvpoolSource` (rl/envpool_source.py).
+* `build_source(env_cfg, num_envs, seed, batch_size=None)`: the `EnvpoolSource` (rl/envs/envpool_source.py).
 * `use_xla(env_cfg)`: whether the actor runs envpool's XLA handle inside jit (`env.xla`: auto probes a
   2-env copy of the task with one jitted recv + send; on requires it; off never uses it).
 """
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl.config import ConfigError
-from rl.envpool_source import EnvpoolSource, make_source
+from rl.envs.envpool_source import EnvpoolSource, make_source
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ class EnvConfig:
     sync_interval: int = 1  # chunks between two copies of the agent state to the actor
     xla: str = "auto"  # envpool's XLA handle inside jit: auto (probe, else host loop) | on | off
     eval_max_steps: int | None = None  # recv cap of the final evaluation (null: 2 x the episode limit)
-    # Several actor threads and devices (rl/sebulba.py): each thread owns num_envs / actor_threads envs
+    # Several actor threads and devices (rl/runners/sebulba.py): each thread owns num_envs / actor_threads envs
     # (batch_size / actor_threads per recv) and acts on actor device (thread index % actor devices).
     actor_threads: int = 1
     actor_devices: int | None = None  # null: act on device 0 (with the learner); N: the first N devices act

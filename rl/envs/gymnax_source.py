@@ -11,7 +11,7 @@ already the first observation of the next episode where `terminated | truncated`
 `info["final_observation"]` is the observation the action led to. `Timestep.next_obs` is that final
 observation, so a truncated step can bootstrap from it; only `terminated` stops bootstrapping.
 
-Episode statistics: `rl.episodes.EpisodeStats`.
+Episode statistics: `rl.envs.episodes.EpisodeStats`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import spaces
 
-from rl.wrappers import ObservationFeatureWrapper
+from rl.envs.wrappers import ObservationFeatureWrapper
 
 
 @dataclasses.dataclass

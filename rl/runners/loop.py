@@ -1,11 +1,11 @@
 """The host loop every runner plugs into: resume, logging, checkpoint cadence, faults, evaluation, result.
 
-A runner (rl/anakin.py, rl/sebulba.py) exposes its compiled parts:
+A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled parts:
 
     num_seeds: int                                   S, the leading axis of per-seed metrics
     rounded_total(total_steps) -> int                the env steps the run really ends at
     init() -> state                                  fresh runner state (any pytree of arrays)
-    restore_target() -> abstract state               the structure `rl.checkpoint.restore` fills
+    restore_target() -> abstract state               the structure `rl.infra.checkpoint.restore` fills
     place(state) -> state                            put a restored state where the runner wants it
     session(state, env_steps) -> context manager     what must run around the chunks (Sebulba's actor);
                                                      it yields an object with `advance`:
@@ -13,7 +13,7 @@ A runner (rl/anakin.py, rl/sebulba.py) exposes its compiled parts:
         train until about `until` env steps (per seed; the runner rounds to its own unit of work);
         `out` holds per-seed arrays `[S]`
         (`episode_return`, `episode_length`, `episodes`, `train/<metric>`) and `nonfinite`:
-        {name: first env step where it was NaN/Inf, or -1} (rl/guard.py)
+        {name: first env step where it was NaN/Inf, or -1} (rl/runners/guard.py)
     evaluate(state, episodes, key) -> np.ndarray     greedy returns `[S, episodes]`
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
@@ -35,7 +35,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rl import checkpoint, guard
+from rl.infra import checkpoint
+from rl.runners import guard
 
 PREEMPT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR2") if hasattr(signal, n))
 
@@ -136,7 +137,7 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
 
 def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
     """Train with `runner` (see the module docstring); raises `Preempted` after a signal's checkpoint and
-    `rl.guard.NonFiniteError` on NaN/Inf (with `on_nonfinite: stop`)."""
+    `rl.runners.guard.NonFiniteError` on NaN/Inf (with `on_nonfinite: stop`)."""
     state, env_steps = _start(cfg, runner, logger, resume_from)
     # A run resumed from its final checkpoint (stopped before its summary) has nothing new to save.
     ckpt = checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from is not None else None

@@ -3,7 +3,7 @@ dataclasses of the `distributed` and `mesh` sections (typed in rl/config.py:Trai
 imports JAX only when it starts the runtime, so composing configs stays light).
 
 One process runs per host (or per GPU, with `local_device_ids`); every process runs the same command.
-After `initialize`, `jax.devices()` lists the devices of all processes and the mesh of `rl/sharding.py`
+After `initialize`, `jax.devices()` lists the devices of all processes and the mesh of `rl/infra/sharding.py`
 spans them, so the Anakin runner shards seeds/envs/buffer/batch over every host with no other change.
 
 Config (`configs/distributed/*.yaml`, all keys optional):
@@ -30,7 +30,7 @@ from typing import Any
 
 @dataclasses.dataclass
 class MeshConfig:
-    """`mesh` section: which devices the Anakin runner uses (rl/sharding.py).
+    """`mesh` section: which devices the Anakin runner uses (rl/infra/sharding.py).
 
     devices: devices used in all (over all hosts); null = every device (`jax.device_count()`).
     seed_devices: how many of them split the vmapped seeds; the rest (`devices / seed_devices`) split

@@ -1,6 +1,6 @@
 """The Anakin runner: gymnax envs, acting, buffer writes and train steps in one jitted `lax.scan`.
 
-`Anakin(cfg, agent)` holds the compiled parts of a run for the host loop of rl/loop.py (which owns resume,
+`Anakin(cfg, agent)` holds the compiled parts of a run for the host loop of rl/runners/loop.py (which owns resume,
 logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent and picks the runner):
 
 * state: `(RunnerState, it)`: every seed's agent, buffer, envs, obs, carry, episode statistics and key
@@ -9,7 +9,7 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
   one `agent.train_step` per seed once `agent.learning_starts` env steps have been taken and the buffer
   can sample; `steps_per_iter = num_envs * train_interval` env steps per seed.
 * `chunk(state, it, n)`: `n` iterations in one jitted scan, no host round-trip; per-seed summaries `[S]`
-  and, per train metric and for the parameters, the first env step where it was NaN/Inf (rl/guard.py).
+  and, per train metric and for the parameters, the first env step where it was NaN/Inf (rl/runners/guard.py).
 * Seeds are vmapped (seed i uses PRNGKey(cfg.seed + i)), except initialisation, which maps over seeds one
   at a time: a vmapped init batches the orthogonal initialisers' QR factorisations, and on XLA:CPU
   several batched LAPACK calls in flight at once can occupy every intra-op thread while each waits for
@@ -29,11 +29,12 @@ import numpy as np
 from flax import struct
 from omegaconf import DictConfig
 
-from rl import guard, sharding
-from rl.agent import reset_carry
-from rl.episodes import EpisodeStats
-from rl.evaluate import evaluate_seeds
-from rl.gymnax_source import make_source
+from rl.envs.episodes import EpisodeStats
+from rl.envs.gymnax_source import make_source
+from rl.infra import sharding
+from rl.learning.agent import reset_carry
+from rl.runners import guard
+from rl.runners.evaluate import evaluate_seeds
 
 
 @struct.dataclass
@@ -53,7 +54,7 @@ class Anakin:
     """The compiled parts of an Anakin run for one config and agent (see the module docstring)."""
 
     def __init__(self, cfg: DictConfig, agent):
-        """`agent` follows rl/agent.py, built for `make_source(cfg.env, cfg.num_envs)`'s spaces."""
+        """`agent` follows rl/learning/agent.py, built for `make_source(cfg.env, cfg.num_envs)`'s spaces."""
         self.cfg = cfg
         self.num_seeds, self.num_envs = int(cfg.seeds), int(cfg.num_envs)
         self.source = make_source(cfg.env, self.num_envs)
@@ -62,7 +63,7 @@ class Anakin:
         self.steps_per_iter = self.num_envs * int(self.agent.train_interval)
         self.learn_iter = max(math.ceil(self.agent.learning_starts / self.steps_per_iter), 1)
         self.total_iters = math.ceil(int(cfg.total_steps) / self.steps_per_iter)
-        # Several devices (cfg.mesh): same program, state placed by rl/sharding.py; the host loop runs
+        # Several devices (cfg.mesh): same program, state placed by rl/infra/sharding.py; the host loop runs
         # under `session`, i.e. `sharding.use_mesh(self.mesh)`. One device: mesh and shardings are None.
         self.mesh = sharding.mesh_from_config(cfg.get("mesh"))
         sharding.check_divisible(self.mesh, seeds=self.num_seeds, num_envs=self.num_envs)
@@ -144,7 +145,7 @@ class Anakin:
         out["nonfinite"] = guard.first_bad_step(bad, steps)
         return sharding.constrain(s, self.state_shardings), it, out
 
-    # --- host-loop interface (rl/loop.py) ------------------------------------------------------------
+    # --- host-loop interface (rl/runners/loop.py) ------------------------------------------------------------
     def rounded_total(self, total_steps: int) -> int:
         return math.ceil(total_steps / self.steps_per_iter) * self.steps_per_iter
 

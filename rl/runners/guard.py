@@ -4,7 +4,7 @@
 `(state, buffer_state, metrics, bad)` where `bad` maps every metric name and `"params"` (any float leaf
 of the updated agent state) to a bool scalar: True when that value is not finite after this update.
 No host round-trip: runners reduce `bad` over a chunk with `first_bad_step` and the host loop reads it
-with the chunk's other metrics (rl/loop.py).
+with the chunk's other metrics (rl/runners/loop.py).
 
 * `mode="stop"` (default of `on_nonfinite`): the update is applied as computed; the host loop raises a
   `NonFiniteError` at the end of the chunk, naming the metric and the env step, without checkpointing the

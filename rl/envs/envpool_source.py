@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from rl.episodes import Episodes, EpisodeStats
+from rl.envs.episodes import Episodes, EpisodeStats
 
 PyTree = Any
 

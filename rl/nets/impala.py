@@ -3,7 +3,7 @@
 Each stage: 3x3 conv -> 3x3 max-pool stride 2 -> two residual blocks (relu, conv, relu, conv, +skip);
 then relu, flatten and a dense layer. Observations `[..., H, W, C]` (any leading dims; channels-first
 stacks such as envpool's `[4, 84, 84]` are transposed when `channels_first`) -> features `[..., dense]`.
-uint8 pixels are scaled to [0, 1]. Convs and max-pools are `rl.conv`'s (same params as `nn.Conv`; on CPU
+uint8 pixels are scaled to [0, 1]. Convs and max-pools are `rl.nets.conv`'s (same params as `nn.Conv`; on CPU
 their gradients are im2col + matmul and sliced maxima, much faster than XLA:CPU's in the train loops).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import flax.linen as nn
 
-from rl.conv import Conv, max_pool
-from rl.networks import ACTIVATIONS, image_batch
+from rl.nets.conv import Conv, max_pool
+from rl.nets.networks import ACTIVATIONS, image_batch
 
 
 class ResidualBlock(nn.Module):

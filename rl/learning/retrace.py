@@ -1,6 +1,6 @@
 """Retrace targets (Munos et al. 2016) over stored sequences that may cross episode ends.
 
-One sequence of T steps in step format (rl/agent.py): at step t the behaviour policy mu took action a_t in
+One sequence of T steps in step format (rl/learning/agent.py): at step t the behaviour policy mu took action a_t in
 state s_t and got reward r_t, `terminated_t` / `truncated_t`; `valid_t` is False past the newest stored
 step. Given q_t = q(s_t, a_t) and v_t = E_pi q(s_t, .) under the target policy pi, the Retrace estimate of
 q_pi(s_t, a_t) is

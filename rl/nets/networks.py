@@ -11,8 +11,8 @@ dims); a Q head maps features `[..., F]` to action values `[..., A]`.
   Images are channels-last `[H, W, C]`; a channels-first stack such as envpool's `[4, 84, 84]` is
   detected (first dim <= 16 and smaller than the last two) and transposed.
 
-The convolutions are `rl.conv.Conv` (same params as `nn.Conv`): on CPU their gradient is im2col + matmul,
-several times faster than XLA:CPU's convolution gradient inside the train loops (see rl/conv.py).
+The convolutions are `rl.nets.conv.Conv` (same params as `nn.Conv`): on CPU their gradient is im2col + matmul,
+several times faster than XLA:CPU's convolution gradient inside the train loops (see rl/nets/conv.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from rl.conv import Conv
+from rl.nets.conv import Conv
 
 ACTIVATIONS: dict[str, Callable] = {"relu": nn.relu, "tanh": nn.tanh, "elu": nn.elu, "gelu": nn.gelu,
                                     "silu": nn.silu}

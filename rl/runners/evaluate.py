@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rl.agent import reset_carry
+from rl.learning.agent import reset_carry
 
 
 def evaluate(agent, agent_state, source, key: jax.Array, max_steps: int | None = None):

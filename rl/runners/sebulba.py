@@ -1,10 +1,10 @@
 """The Sebulba runner: envpool in async mode, an actor thread and a learner that own disjoint state.
 
-`Sebulba(cfg, agent, source)` holds the compiled parts of a run for the host loop of rl/loop.py (which
+`Sebulba(cfg, agent, source)` holds the compiled parts of a run for the host loop of rl/runners/loop.py (which
 owns resume, logging, checkpoints, faults and evaluation; rl/experiment.py builds the envpool source and
 the agent). One process; by default two threads and one JAX device (several: see below):
 
-    actor thread (rl/sebulba_actor.py)                  learner (the host loop's thread, rl/sebulba_learner.py)
+    actor thread (rl/runners/sebulba_actor.py)                  learner (the host loop's thread, rl/runners/sebulba_learner.py)
     owns: envpool env, Tracker, actor key                owns: agent state, buffer state, learner key
     loop: acting = mailbox.get()                         advance(): chunk = actor.get()
           K x [recv -> track/act -> make_step -> send] ->           update(agent, buffer, chunk, n)  (donated)
@@ -15,7 +15,7 @@ the agent). One process; by default two threads and one JAX device (several: see
   actor acts with published copies (policy lag <= Q + sync_interval chunks; with T actor threads, chunks
   of each thread).
 * Env steps count every recv'd step (reset steps too); each recv's steps are written per `env_id` with the
-  transition mask of `rl.envpool_source.track`, so every row holds its env's transitions in time order.
+  transition mask of `rl.envs.envpool_source.track`, so every row holds its env's transitions in time order.
 * State (what is checkpointed): `{"agent", "buffer", "key", "actor_key"}`. Resuming restores them; envs
   restart with fresh episodes (envpool has no state to save), so a resumed run continues but is not
   bit-identical, and the last step stored per env before the checkpoint is not marked done.
@@ -24,7 +24,7 @@ the agent). One process; by default two threads and one JAX device (several: see
   (seeds and env ids offset by `i * num_envs / T`, so it writes its own buffer rows) and acts on actor
   device `i % A`; each thread has its own queue of `queue_size` chunks and the learner takes one chunk
   from each thread in turn (balanced env steps per thread; the slowest thread sets the pace). With L > 1
-  learner devices the learner's state lives on a `(seed=1, data=L)` mesh of rl/sharding.py (agent state
+  learner devices the learner's state lives on a `(seed=1, data=L)` mesh of rl/infra/sharding.py (agent state
   and key replicated, buffer split on its first axis where it divides), its update is traced under that mesh, so the agents'
   `shard_batch` splits each sampled batch over the L devices and XLA averages the gradients: the same
   update as on one device up to float summation order. Chunks are moved to the learner devices on the
@@ -49,12 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig
 
-from rl import sharding
 from rl.config import ConfigError, env_config
-from rl.envpool_env import build_source, use_xla
-from rl.envpool_source import EnvpoolSource, track
-from rl.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
-from rl.sebulba_learner import Learner, summarise
+from rl.envs.envpool_env import build_source, use_xla
+from rl.envs.envpool_source import EnvpoolSource, track
+from rl.infra import sharding
+from rl.runners.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
+from rl.runners.sebulba_learner import Learner, summarise
 
 # Donating the learner key or a step counter XLA cannot reuse only warns; the storage is what matters.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -151,7 +151,7 @@ class Sebulba:
         values = [jax.device_put(copy, d) for d in self.actor_devices]
         return dict(zip(self.actor_devices, jax.block_until_ready(values)))
 
-    # --- host-loop interface (rl/loop.py) ------------------------------------------------------------
+    # --- host-loop interface (rl/runners/loop.py) ------------------------------------------------------------
     def init(self) -> dict:
         """Initial `{"agent", "buffer", "key", "actor_key"}` from `cfg.seed`, on the learner devices."""
         k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(int(self.cfg.seed)), 3)

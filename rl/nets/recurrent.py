@@ -2,7 +2,7 @@
 
 Shapes (T = time, B = batch, H = LSTM size, A = actions). Everything recurrent is time-major:
 observations `[T, B, *obs_shape]`, reset flags `[T, B]` bool, outputs `[T, B, ...]`. The carry is an
-`LSTMCarry(c, h)` with `[B, H]` leaves, so the runners' generic `rl.agent.reset_carry` (which picks along
+`LSTMCarry(c, h)` with `[B, H]` leaves, so the runners' generic `rl.learning.agent.reset_carry` (which picks along
 the leading env axis) applies to it, and it can be stored per step in a replay buffer.
 
 A reset flag at step t replaces the carry with zeros *before* step t is processed: this is what an actor
@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from rl.networks import NetworkConfig, QHead, make_torso
+from rl.nets.networks import NetworkConfig, QHead, make_torso
 
 
 class LSTMCarry(NamedTuple):

@@ -2,7 +2,7 @@
 
 `Learner(agent, num_envs, on_nonfinite).update(agent_state, buffer_state, key, totals, chunk, num_updates,
 env_steps)` writes the chunk's K recvs by env_id (`buffer.add(steps, env_ids, mask)`: reset steps write
-nothing), then runs up to `num_updates` guarded train steps (rl/guard.py; each only if the buffer can
+nothing), then runs up to `num_updates` guarded train steps (rl/runners/guard.py; each only if the buffer can
 sample). Agent state, buffer, key and totals are donated: only the learner thread touches them.
 
 Replay ratio as in Anakin: one train step per `agent.train_interval * num_envs` env steps received, from
@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from rl import guard
-from rl.sebulba_actor import Chunk
+from rl.runners import guard
+from rl.runners.sebulba_actor import Chunk
 
 
 @struct.dataclass

@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl.distributed import MeshConfig
+from rl.infra.distributed import MeshConfig
 
 PyTree = Any
 SEED_AXIS = "seed"
@@ -189,7 +189,7 @@ def describe(mesh: Mesh | None) -> str:
 
 
 
-# --- Sebulba: a learner mesh over chosen devices (rl/sebulba.py) ----------------------------------------
+# --- Sebulba: a learner mesh over chosen devices (rl/runners/sebulba.py) ----------------------------------------
 def mesh_over(devices) -> Mesh:
     """A `(1, len(devices))` mesh with axes `("seed", "data")`, both `Auto`, over exactly `devices` (the
     Sebulba learner's devices; `make_mesh` always takes the first ones)."""
