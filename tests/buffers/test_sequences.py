@@ -44,6 +44,7 @@ class SeqRef(RowsRef):
         self.complete = cfg.get("complete_only", False)
         self.power = cfg.get("length_power", 0.0)
         self.alpha = cfg.get("priority_exponent")
+        self.stride = self.period if capacity % self.period == 0 else 1  # tree stride (tree_weights.py)
         self.prio = np.zeros(num_envs * capacity)  # priority ** alpha per slot
         self.max_p = 1.0
 
@@ -59,7 +60,7 @@ class SeqRef(RowsRef):
     def set_priorities(self, slots, priorities):
         for s, p in zip(slots, priorities):
             p = float(p) if np.isfinite(p) and p > 0 else 0.0  # NaN, +-inf and negatives count as 0
-            if 0 <= s < self.E * self.T:
+            if 0 <= s < self.E * self.T and s % self.T % self.stride == 0:  # else ignored, max not raised
                 self.prio[int(s)] = p ** self.alpha
                 self.max_p = max(self.max_p, p)
 
