@@ -19,14 +19,17 @@ import numpy as np
 from rl.config import compose
 from rl.experiment import evaluate_run, run
 
-# Per agent family: env steps per unit of work and overrides that let >= 2 train steps run early. Only the
-# replay size, learning_starts and (R2D2, Muesli) the train interval are lowered; networks, batch sizes and
+# Per agent config: overrides that let >= 2 train steps run early, the log interval L (a multiple of the
+# env steps per iteration, so every chunk of both runs is the same compiled program) and the two totals.
+# Only the replay size, learning_starts and (R2D2) the train interval are lowered; networks, batch sizes and
 # sequence lengths stay the preset's.
 NUM_ENVS, ENVPOOL = 4, ["env.batch_size=2", "env.recvs_per_chunk=8"]
+DQN = (["agent.learning_starts=64", "agent.buffer_size=400"], 64, 128, 192)
+R2D2 = (["agent.learning_starts=320", "agent.buffer_size=2000", "agent.train_interval=10"], 200, 400, 600)
 SETTINGS = {
-    "dqn": (["agent.learning_starts=64", "agent.buffer_size=400"], 128, 192),
-    "r2d2": (["agent.learning_starts=320", "agent.buffer_size=2000", "agent.train_interval=10"], 400, 480),
-    "muesli": (["agent.learning_starts=240", "agent.buffer_size=4000"], 480, 720),
+    "dqn_paper": DQN, "dqn_small": DQN, "r2d2_paper": R2D2, "r2d2_small": R2D2,
+    "muesli_paper": (["agent.learning_starts=240", "agent.buffer_size=4000"], 240, 480, 720),  # 30 x 4 envs
+    "muesli_small": (["agent.learning_starts=192", "agent.buffer_size=4000"], 96, 288, 384),  # 8 x 4 envs
 }
 
 
@@ -36,13 +39,13 @@ def updates(state) -> int:
 
 
 def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
-    extra, first, second = SETTINGS[agent.split("_")[0]]
+    extra, log_interval, first, second = SETTINGS[agent]
     env = ["env=cartpole"] if source == "gymnax" else ["env=envpool/cartpole", *ENVPOOL]
     common = [f"agent={agent}", *env, "logger=none", f"seeds={seeds}", f"num_envs={NUM_ENVS}", "eval_episodes=0",
               *extra]
     name, t0 = f"{agent} {source} seeds={seeds}", time.perf_counter()
     print(f"CASE {name}: train", flush=True)
-    res = run(compose([*common, f"total_steps={first}", f"log_interval={first // 2}"]), run_dir)
+    res = run(compose([*common, f"total_steps={first}", f"log_interval={log_interval}"]), run_dir)
     assert res["checkpoint"] is not None and updates(res["state"]) >= 2, (res["checkpoint"], updates(res["state"]))
     n = updates(res["state"])
     print(f"CASE {name}: resume after {n} train steps ({time.perf_counter() - t0:.0f} s)", flush=True)

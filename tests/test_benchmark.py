@@ -61,6 +61,7 @@ def _attempts(run_dir):
     return json.loads((run_dir / RECORD).read_text())["attempts"]
 
 
+@pytest.mark.slow  # ~50 s: the default suite's 15-minute budget; resumption itself is tested in test_resume.py
 def test_tiny_suite_writes_results_and_redoes_only_missing_runs(tmp_path):
     out = tmp_path / "bench"
     cfg = bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked,memory_chain_10]", "seeds=2",

@@ -1,10 +1,12 @@
 """The smoke matrix: every agent x preset (paper-sized, small) x source (gymnax CartPole, envpool CartPole) x
 seeds (1 and 2 where the source vmaps seeds) builds, initialises, runs >= 2 train steps, checkpoints,
 resumes with `resume=<dir>` and evaluates (tests/smoke_case.py). The cases of one agent config run in one
-subprocess with a watchdog, so a hang fails with the case and stage named instead of stalling the suite."""
+subprocess with a watchdog, so a hang fails with the case and stage named instead of stalling the suite;
+two such subprocesses run at a time (compilation is mostly single-threaded)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -13,19 +15,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENTS = [f"{name}_{preset}" for name in ("dqn", "r2d2", "muesli") for preset in ("paper", "small")]
+# Heaviest first, so the two workers finish together.
+AGENTS = ["muesli_small", "muesli_paper", "r2d2_paper", "r2d2_small", "dqn_small", "dqn_paper"]
 SOURCES = ("gymnax:1", "gymnax:2", "envpool:1")  # source:seeds (envpool runs one seed per process)
-WATCHDOG_S = 420
+WATCHDOG_S = 600
+
+
+def _run(agent: str, run_root: Path) -> tuple[int | None, str]:
+    """(return code or None on a hang, output) of one agent config's cases."""
+    cmd = [sys.executable, "-m", "tests.smoke_case", agent, str(run_root), *SOURCES]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    try:
+        proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=WATCHDOG_S)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out
+    return proc.returncode, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """All agent configs started at once on 2 workers; each test waits for its own."""
+    root = tmp_path_factory.mktemp("smoke")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        yield {agent: pool.submit(_run, agent, root / agent) for agent in AGENTS}
 
 
 @pytest.mark.parametrize("agent", AGENTS)
-def test_agent_on_every_source(agent, tmp_path):
-    cmd = [sys.executable, "-m", "tests.smoke_case", agent, str(tmp_path), *SOURCES]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WATCHDOG_S)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+def test_agent_on_every_source(agent, outcomes):
+    code, out = outcomes[agent].result()
+    if code is None:
         stage = [line for line in out.splitlines() if line.startswith("CASE")][-1:] or ["before building"]
         pytest.fail(f"{agent} hung (> {WATCHDOG_S} s) at: {stage[0]}")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert code == 0 and f"CASE {agent} envpool seeds=1: ok" in out, out
