@@ -17,29 +17,21 @@ from rl.envs.envpool_env import build_source
 from rl.learning.agent import episode_done
 from rl.runners.anakin import Anakin
 from rl.runners.sebulba import Sebulba
+from tests.rl.test_anakin import CountingAgent
 from tests.test_envpool_source import cartpole_next
 
 LIMIT = 20  # time limit of the test episodes: truncation happens often
 OUT = 12 * 2 * np.pi / 360
 
 
-class RecordingAgent:
-    """Random actions; its carry counts the steps since the episode began; it stores every step field and
-    the carry it had before acting. Never trains."""
+class RecordingAgent(CountingAgent):
+    """CountingAgent (random actions, a carry counting the steps since the episode began) that stores every
+    step field and the carry it had before acting, and never trains."""
 
     train_interval, learning_starts = 1, 10**9
 
     def __init__(self, num_envs: int, capacity: int):
         self.buffer = make_sequence_buffer(num_envs, capacity, 2, done_fn=episode_done)
-
-    def init(self, key, obs_example):
-        return {"updates": jnp.zeros((), jnp.int32)}
-
-    def initial_carry(self, num_envs):
-        return {"count": jnp.zeros((num_envs,), jnp.int32)}
-
-    def act(self, state, obs, carry, key, env_ids, explore=True):
-        return jax.random.randint(key, env_ids.shape, 0, 2), {"count": carry["count"] + 1}, {}
 
     def make_step(self, obs, action, reward, terminated, truncated, next_obs, carry, extras):
         return {"obs": obs, "action": action.astype(jnp.int32), "reward": reward, "terminated": terminated,
