@@ -119,3 +119,12 @@ def _agent_with(*overrides):
 def test_every_agent_env_pair_validates(agent, env):
     typed_agent, typed_env = validate(_cfg(agent, env))
     assert typed_agent.name in AGENTS and typed_env.id
+
+
+@pytest.mark.parametrize("agent", AGENT_OPTIONS)
+def test_every_preset_takes_the_lr_schedule_keys_without_plus(agent):
+    """The optimiser's schedule keys exist in every preset, so `agent.optim.lr_schedule=linear` needs no `+`
+    (r2d2 and muesli_small used to refuse it as a key to append)."""
+    cfg = _agent_with(f"agent={agent}", "env=cartpole", "agent.optim.lr_schedule=linear",
+                      "agent.optim.lr_decay_updates=100", "agent.optim.lr_end_fraction=0.1")
+    assert (cfg.optim.lr_schedule, cfg.optim.lr_decay_updates, cfg.optim.lr_end_fraction) == ("linear", 100, 0.1)
