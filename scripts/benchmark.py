@@ -5,6 +5,7 @@
     python -m scripts.benchmark suite=minatar quick=true       # smoke run: 200k steps, 1 seed, 2 games
     python -m scripts.benchmark suite=minatar tasks=[breakout] agents=[dqn] out_dir=/tmp/b
     python -m scripts.benchmark suite=minatar dry_run=true     # print the runs' training commands
+    python -m scripts.benchmark suite=memory report_only=true  # tables and figure from what exists, no training
 
 Config: configs/benchmark.yaml (budget, seeds, out dir, subsets) and configs/suite/<name>.yaml (the agents
 and tasks as training overrides, the budget, the published reference figures and their sources).
@@ -401,8 +402,10 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
     check_records(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "benchmark_config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    todo = [r for r in runs if state_of(r) != "done"]
-    print(f"[benchmark] {cfg.suite.name}: {len(runs)} runs ({len(runs) - len(todo)} already done), "
+    missing = [r for r in runs if state_of(r) != "done"]
+    todo = [] if cfg.report_only else missing
+    print(f"[benchmark] {cfg.suite.name}: {len(runs)} runs ({len(runs) - len(missing)} already done"
+          f"{', report only: none trained' if cfg.report_only else ''}), "
           f"{s['steps']:,} env steps x {s['seeds']} seed(s) each, into {out_dir}", flush=True)
     env = dict(os.environ)
     if int(cfg.jobs) > 1:

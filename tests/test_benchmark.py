@@ -52,6 +52,26 @@ def test_quick_mode_and_subsets():
         plan(bench_cfg("suite=memory", "tasks=[pong]"))
 
 
+def test_report_only_writes_the_table_of_unfinished_runs_and_trains_nothing(tmp_path):
+    """report_only=true: results for every run of the suite as it stands (a run with logged metrics but no
+    summary is `incomplete` with its last-10% return, the others `missing`); no run is trained or created."""
+    run_dir = tmp_path / "runs" / "cartpole_masked" / "dqn"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.csv").write_text("env_steps,seed,episode_return,episodes\n"
+                                         "100,0,10.0,2\n100,1,20.0,2\n1000,0,30.0,1\n1000,1,50.0,1\n")
+    res = run_benchmark(bench_cfg("suite=memory", "report_only=true", f"out_dir={tmp_path}"))
+    assert res["trained"] == [] and res["failed"] == []
+    rows = _rows(tmp_path)
+    assert len(rows) == 8 and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cartpole_masked"]
+    row = rows[("dqn", "cartpole_masked")]
+    assert row["status"] == "incomplete" and float(row["last10_mean"]) == 40.0 and row["eval_mean"] in ("", "nan")
+    assert all(r["status"] == "missing" for k, r in rows.items() if k != ("dqn", "cartpole_masked"))
+    md = (tmp_path / "results.md").read_text()
+    assert all(f"| {task} |" in md for task in ("memory_chain_10", "memory_chain_30", "memory_chain_50",
+                                                  "cartpole_masked"))
+    assert (tmp_path / "learning_curves.png").stat().st_size > 0
+
+
 def _rows(out_dir):
     with (out_dir / "results.csv").open() as f:
         return {(r["agent"], r["task"]): r for r in csv.DictReader(f)}
