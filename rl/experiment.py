@@ -13,13 +13,16 @@ Python entry points call it:
 
 Resuming (`resume=<run dir>`): the saved run's config is used; `overrides` (the command line) may change
 only `rl.config.RESUME_FREE_KEYS` (total_steps, logging, checkpoint cadence, eval episodes, ...), anything
-else that differs is refused naming the keys. The run continues in the saved run dir (metrics.csv
+else that differs is refused naming the keys. Both configs are compared with every agent and env field
+present (the dataclass default where a yaml had no key), so a preset that later spells out a key at its
+default value still resumes older runs. The run continues in the saved run dir (metrics.csv
 appended, the same wandb run). A run dir holding a checkpoint but no summary.json (a run that was stopped,
 e.g. requeued by SLURM into the same dir) is resumed from it automatically.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -69,6 +72,14 @@ def _unfinished(run_dir: Path) -> bool:
     return checkpoint.latest_step(run_dir) is not None and not (run_dir / "summary.json").exists()
 
 
+def _filled(config: dict) -> dict:
+    """A resolved config container with every field of its agent and env dataclasses present (defaults where
+    the yaml had no key; the yaml's own keys, such as the shared `agent.lr`, kept)."""
+    typed = {"agent": agent_config(config["agent"]), "env": env_config(config["env"])}
+    filled = {k: OmegaConf.merge(dataclasses.asdict(v), config[k]) for k, v in typed.items()}
+    return OmegaConf.to_container(OmegaConf.merge(config, filled), resolve=True)
+
+
 def prepare(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None):
     """`(cfg, run_dir, resume_from)` after resolving `cfg.resume` (see the module docstring)."""
     run_dir = Path(run_dir)
@@ -77,11 +88,12 @@ def prepare(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = 
     if cfg.resume is None:
         return cfg, run_dir, None
     resume_dir = Path(cfg.resume)
-    saved = checkpoint.read_meta(resume_dir)["config"]
+    saved = _filled(checkpoint.read_meta(resume_dir)["config"])
+    now = OmegaConf.create(_filled(OmegaConf.to_container(cfg, resolve=True)))
     if overrides is None:
-        check_resumable(saved, cfg)
+        check_resumable(saved, now)
     else:
-        cfg = resume_config(saved, cfg, overrides)
+        cfg = resume_config(saved, now, overrides)
     cfg.resume = str(resume_dir)
     return cfg, resume_dir, resume_dir
 

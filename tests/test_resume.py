@@ -46,6 +46,24 @@ def test_unsafe_override_is_refused_naming_the_key_first(tmp_path):
     _resume(tmp_path / "run", "agent.optim.lr=0.001", "total_steps=1200")  # repeating a saved value is fine
 
 
+def test_a_key_the_saved_config_lacks_compares_as_its_default(tmp_path):
+    """A run saved before its preset spelled out `agent.optim.lr_schedule` & co. (their defaults) resumes
+    with the whole command line repeated (as scripts.benchmark does) and with the whole config compared;
+    the same keys at other values are still refused."""
+    from omegaconf import open_dict
+
+    cfg = compose(BASE)
+    with open_dict(cfg):
+        for key in ("lr_schedule", "lr_end_fraction", "lr_decay_updates"):
+            del cfg.agent.optim[key]
+    run(cfg, tmp_path / "run")
+    assert "lr_schedule" not in checkpoint.read_meta(tmp_path / "run")["config"]["agent"]["optim"]
+    assert _resume(tmp_path / "run", *BASE, "total_steps=1200")["env_steps"] == 1200
+    assert run(compose([*BASE, "total_steps=1600", f"resume={tmp_path / 'run'}"]), tmp_path / "run")["env_steps"] == 1600
+    with pytest.raises(ConfigError, match="cannot resume: agent.optim.lr_end_fraction"):
+        _resume(tmp_path / "run", *BASE, "agent.optim.lr_end_fraction=0.5", "total_steps=2000")
+
+
 def test_resume_from_the_final_checkpoint_does_not_save_it_twice(tmp_path):
     run(compose(BASE), tmp_path / "run")
     (tmp_path / "run" / "summary.json").unlink()  # stopped after the last save, before the summary
