@@ -26,7 +26,8 @@ Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
   (per seed), last10_mean/
   last10_std (training episode return over the last 10% of env steps, from metrics.csv: each seed's mean
   over the episodes finished there, then mean/std over seeds), wall_s (summed over attempts, compile and
-  evaluation included), sps (env steps of all seeds per wall second), run_dir.
+  evaluation included), wall_complete (False when an attempt was killed outright: its time is unknown and
+  sps is left empty), sps (env steps of all seeds per wall second), run_dir.
 * `results.md`: the same as markdown, one row per task with the reference figures beside ours.
 * `learning_curves.png`: one panel per task, one colour per agent, mean and band over seeds (the loading
   and aggregation of scripts/plot.py), reference figures as dashed lines.
@@ -57,7 +58,7 @@ from scripts.plot import aggregate, collect_curves
 REPO = Path(__file__).resolve().parent.parent
 RECORD = "benchmark_run.json"
 CSV_COLUMNS = ("agent", "task", "status", "env_steps", "seeds", "eval_mean", "eval_std", "eval_episodes",
-               "last10_mean", "last10_std", "wall_s", "sps", "run_dir")
+               "last10_mean", "last10_std", "wall_s", "wall_complete", "sps", "run_dir")
 
 
 @dataclass
@@ -184,6 +185,7 @@ def train(run: Run, env: dict[str, str]) -> dict:
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": state == "resume", "wall_s": None,
                "returncode": None}
     record["attempts"].append(attempt)
+    (run.run_dir / RECORD).write_text(json.dumps(record, indent=2))  # a killed attempt stays on record
     cmd = command(run, resume=state == "resume")
     print(f"[benchmark] {run.task}/{run.agent}: {'resuming' if state == 'resume' else 'training'} "
           f"(log: {run.run_dir / 'train.log'})", flush=True)
@@ -240,17 +242,20 @@ def result_row(run: Run, status: str | None = None) -> dict:
         status = {"done": "done", "resume": "incomplete", "fresh": "incomplete" if has_metrics else "missing"}[status]
     fin = final_returns(run.run_dir) if run.run_dir.exists() else {}
     last_mean, last_std = last_fraction_return(run.run_dir) if has_metrics else (math.nan, math.nan)
-    wall = sum(a.get("wall_s") or 0.0 for a in record.get("attempts", []))
+    attempts = record.get("attempts", [])
+    wall = sum(a.get("wall_s") or 0.0 for a in attempts)
+    wall_complete = all(a.get("wall_s") is not None for a in attempts)  # an attempt killed outright has none
     steps, seeds = fin.get("env_steps"), fin.get("seeds") or 0
     eval_episodes = None
     if (run.run_dir / "summary.json").exists():
         evals = json.loads((run.run_dir / "summary.json").read_text()).get("eval_returns") or []
         eval_episodes = len(evals[0]) if evals else 0
-    sps = steps * seeds / wall if steps and seeds and wall > 0 else math.nan
+    sps = steps * seeds / wall if steps and seeds and wall > 0 and wall_complete else math.nan
     return {"agent": run.agent, "task": run.task, "status": status, "env_steps": steps, "seeds": seeds,
             "eval_mean": fin.get("eval_return", math.nan), "eval_std": fin.get("eval_return_std", math.nan),
             "eval_episodes": eval_episodes,
             "last10_mean": last_mean, "last10_std": last_std, "wall_s": wall if wall > 0 else math.nan,
+            "wall_complete": wall_complete,
             "sps": sps, "run_dir": str(run.run_dir)}
 
 
@@ -323,14 +328,15 @@ def write_markdown(cfg: DictConfig, s: dict, runs: list[Run], rows: list[dict], 
               "| agent | task | status | env steps | seeds | eval episodes | wall (s) | SPS | run dir |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        wall = "–" if math.isnan(r["wall_s"]) else f"{r['wall_s']:.0f}"
+        wall = "–" if math.isnan(r["wall_s"]) else f"{r['wall_s']:.0f}" + ("" if r["wall_complete"] else "+")
         sps = "–" if math.isnan(r["sps"]) else f"{r['sps']:,.0f}"
         steps = "–" if r["env_steps"] is None else f"{r['env_steps']:,}"
         episodes = "–" if r["eval_episodes"] is None else r["eval_episodes"]
         lines.append(f"| {r['agent']} | {r['task']} | {r['status']} | {steps} | {r['seeds']} | {episodes} | "
                      f"{wall} | {sps} | {os.path.relpath(r['run_dir'], path.parent)} |")
     lines += ["", ("SPS: env steps of all seeds per second of the run's wall time (compilation, evaluation and "
-                   "checkpointing included; summed over the benchmark's attempts of the run)."), "",
+                   "checkpointing included; summed over the benchmark's attempts of the run). A wall time "
+                   "marked + misses an attempt that was killed outright (its time unknown; no SPS)."), "",
               "## Training overrides", ""]
     for run in runs:
         lines.append(f"* {run.task}/{run.agent}: `{' '.join(run.overrides)}`")

@@ -72,6 +72,35 @@ def test_report_only_writes_the_table_of_unfinished_runs_and_trains_nothing(tmp_
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
 
 
+def test_an_attempt_is_on_record_before_it_runs_and_a_killed_one_leaves_the_wall_time_open(tmp_path, monkeypatch):
+    """The run's record holds the attempt (wall_s None) while the training subprocess runs, so an attempt
+    killed outright (kill -9, the session ending) is not lost: the run's wall time is then a lower bound
+    (wall_complete False, `+` in results.md) and no SPS is computed from it."""
+    import scripts.benchmark as bench
+
+    seen = []
+
+    def killed(cmd, **kwargs):  # the subprocess as the record sees it mid-run; then the process "dies"
+        seen.append(json.loads((tmp_path / "runs" / "cartpole_masked" / "dqn" / RECORD).read_text()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.subprocess, "call", killed)
+    cfg = bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", f"out_dir={tmp_path}")
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(cfg)
+    assert [(a["wall_s"], a["returncode"]) for a in seen[0]["attempts"]] == [(None, None)]
+    run_dir = tmp_path / "runs" / "cartpole_masked" / "dqn"
+    record = seen[0] | {"attempts": [{"started": "t0", "resumed": False, "wall_s": None, "returncode": None},
+                                     {"started": "t1", "resumed": True, "wall_s": 30.0, "returncode": 0}]}
+    (run_dir / RECORD).write_text(json.dumps(record))
+    (run_dir / "summary.json").write_text(json.dumps({"env_steps": 1200, "seeds": 2, "eval_returns": [[1.0], [2.0]]}))
+    run_benchmark(bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", f"out_dir={tmp_path}",
+                            "report_only=true"))
+    row = _rows(tmp_path)[("dqn", "cartpole_masked")]
+    assert (row["wall_s"], row["wall_complete"], row["sps"]) == ("30.0", "False", "")
+    assert "| 30+ |" in (tmp_path / "results.md").read_text()
+
+
 def _rows(out_dir):
     with (out_dir / "results.csv").open() as f:
         return {(r["agent"], r["task"]): r for r in csv.DictReader(f)}
