@@ -129,6 +129,10 @@ def _read_record(run: Run) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _write_record(run: Run, record: dict) -> None:
+    (run.run_dir / RECORD).write_text(json.dumps(record, indent=2))
+
+
 def _checkpoint_steps(run_dir: Path) -> list[int]:
     ckpts = run_dir / "checkpoints"
     return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
@@ -185,7 +189,7 @@ def train(run: Run, env: dict[str, str]) -> dict:
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": state == "resume", "wall_s": None,
                "returncode": None}
     record["attempts"].append(attempt)
-    (run.run_dir / RECORD).write_text(json.dumps(record, indent=2))  # a killed attempt stays on record
+    _write_record(run, record)  # before the subprocess: an attempt killed outright stays on record
     cmd = command(run, resume=state == "resume")
     print(f"[benchmark] {run.task}/{run.agent}: {'resuming' if state == 'resume' else 'training'} "
           f"(log: {run.run_dir / 'train.log'})", flush=True)
@@ -199,7 +203,7 @@ def train(run: Run, env: dict[str, str]) -> dict:
     finally:  # also on Ctrl-C: the attempt's time is kept for the run's wall time
         attempt["wall_s"] = time.perf_counter() - t0
         attempt["returncode"] = rc
-        (run.run_dir / RECORD).write_text(json.dumps(record, indent=2))
+        _write_record(run, record)
     ok = rc == 0 and (run.run_dir / "summary.json").exists()
     if not ok:
         tail = (run.run_dir / "train.log").read_text().splitlines()[-15:]
