@@ -27,7 +27,8 @@ Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
   last10_std (training episode return over the last 10% of env steps, from metrics.csv: each seed's mean
   over the episodes finished there, then mean/std over seeds), wall_s (summed over attempts, compile and
   evaluation included), wall_complete (False when an attempt was killed outright: its time is unknown and
-  sps is left empty), sps (env steps of all seeds per wall second), run_dir.
+  sps is left empty), sps (env steps of all seeds per wall second), commits (the git commit of each attempt, in order;
+  a run resumed across commits lists several), run_dir.
 * `results.md`: the same as markdown, one row per task with the reference figures beside ours.
 * `learning_curves.png`: one panel per task, one colour per agent, mean and band over seeds (the loading
   and aggregation of scripts/plot.py), reference figures as dashed lines.
@@ -58,7 +59,7 @@ from scripts.plot import aggregate, collect_curves
 REPO = Path(__file__).resolve().parent.parent
 RECORD = "benchmark_run.json"
 CSV_COLUMNS = ("agent", "task", "status", "env_steps", "seeds", "eval_mean", "eval_std", "eval_episodes",
-               "last10_mean", "last10_std", "wall_s", "wall_complete", "sps", "run_dir")
+               "last10_mean", "last10_std", "wall_s", "wall_complete", "sps", "commits", "run_dir")
 
 
 @dataclass
@@ -187,7 +188,7 @@ def train(run: Run, env: dict[str, str]) -> dict:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     record = record or {"agent": run.agent, "task": run.task, "overrides": run.overrides, "attempts": []}
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": state == "resume", "wall_s": None,
-               "returncode": None}
+               "returncode": None, "commit": _git_commit()}
     record["attempts"].append(attempt)
     _write_record(run, record)  # before the subprocess: an attempt killed outright stays on record
     cmd = command(run, resume=state == "resume")
@@ -255,12 +256,13 @@ def result_row(run: Run, status: str | None = None) -> dict:
         evals = json.loads((run.run_dir / "summary.json").read_text()).get("eval_returns") or []
         eval_episodes = len(evals[0]) if evals else 0
     sps = steps * seeds / wall if steps and seeds and wall > 0 and wall_complete else math.nan
+    commits = " ".join(dict.fromkeys(a["commit"] for a in attempts if a.get("commit")))  # in attempt order
     return {"agent": run.agent, "task": run.task, "status": status, "env_steps": steps, "seeds": seeds,
             "eval_mean": fin.get("eval_return", math.nan), "eval_std": fin.get("eval_return_std", math.nan),
             "eval_episodes": eval_episodes,
             "last10_mean": last_mean, "last10_std": last_std, "wall_s": wall if wall > 0 else math.nan,
             "wall_complete": wall_complete,
-            "sps": sps, "run_dir": str(run.run_dir)}
+            "sps": sps, "commits": commits, "run_dir": str(run.run_dir)}
 
 
 def _cell(v, digits: int = 4):
@@ -329,15 +331,15 @@ def write_markdown(cfg: DictConfig, s: dict, runs: list[Run], rows: list[dict], 
         cells += [f"{refs[task][k]:g}" if k in refs[task] else "–" for k in ref_keys]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Runs", "",
-              "| agent | task | status | env steps | seeds | eval episodes | wall (s) | SPS | run dir |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| agent | task | status | env steps | seeds | eval episodes | wall (s) | SPS | git | run dir |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         wall = "–" if math.isnan(r["wall_s"]) else f"{r['wall_s']:.0f}" + ("" if r["wall_complete"] else "+")
         sps = "–" if math.isnan(r["sps"]) else f"{r['sps']:,.0f}"
         steps = "–" if r["env_steps"] is None else f"{r['env_steps']:,}"
         episodes = "–" if r["eval_episodes"] is None else r["eval_episodes"]
         lines.append(f"| {r['agent']} | {r['task']} | {r['status']} | {steps} | {r['seeds']} | {episodes} | "
-                     f"{wall} | {sps} | {os.path.relpath(r['run_dir'], path.parent)} |")
+                     f"{wall} | {sps} | {r['commits'] or '–'} | {os.path.relpath(r['run_dir'], path.parent)} |")
     lines += ["", ("SPS: env steps of all seeds per second of the run's wall time (compilation, evaluation and "
                    "checkpointing included; summed over the benchmark's attempts of the run). A wall time "
                    "marked + misses an attempt that was killed outright (its time unknown; no SPS)."), "",

@@ -90,14 +90,18 @@ def test_an_attempt_is_on_record_before_it_runs_and_a_killed_one_leaves_the_wall
         run_benchmark(cfg)
     assert [(a["wall_s"], a["returncode"]) for a in seen[0]["attempts"]] == [(None, None)]
     run_dir = tmp_path / "runs" / "cartpole_masked" / "dqn"
-    record = seen[0] | {"attempts": [{"started": "t0", "resumed": False, "wall_s": None, "returncode": None},
-                                     {"started": "t1", "resumed": True, "wall_s": 30.0, "returncode": 0}]}
+    assert seen[0]["attempts"][0]["commit"] == bench._git_commit() != "unknown"
+    record = seen[0] | {"attempts": [{"started": "t0", "resumed": False, "wall_s": None, "returncode": None,
+                                      "commit": "abc1234"},
+                                     {"started": "t1", "resumed": True, "wall_s": 30.0, "returncode": 0,
+                                      "commit": "def5678"}]}
     (run_dir / RECORD).write_text(json.dumps(record))
     (run_dir / "summary.json").write_text(json.dumps({"env_steps": 1200, "seeds": 2, "eval_returns": [[1.0], [2.0]]}))
     run_benchmark(bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", f"out_dir={tmp_path}",
                             "report_only=true"))
     row = _rows(tmp_path)[("dqn", "cartpole_masked")]
     assert (row["wall_s"], row["wall_complete"], row["sps"]) == ("30.0", "False", "")
+    assert row["commits"] == "abc1234 def5678"  # the commit of each attempt: a run resumed across commits
     assert "| 30+ |" in (tmp_path / "results.md").read_text()
 
 
