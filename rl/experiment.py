@@ -31,7 +31,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
-from rl.config import check_resumable, check_top_level, compose, env_config, resume_config
+from rl.config import ConfigError, check_resumable, check_top_level, compose, env_config, resume_config
 from rl.infra import checkpoint
 from rl.runners import loop
 
@@ -57,8 +57,13 @@ def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
     agent_cfg, env_cfg = validate(cfg)
     source = _source(cfg, env_cfg)
-    agent = make_agent(agent_cfg, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
-                       num_actions=source.num_actions, num_envs=source.num_envs)
+    try:
+        agent = make_agent(agent_cfg, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
+                           num_actions=source.num_actions, num_envs=source.num_envs)
+    except ValueError as e:  # settings the env's spaces cannot take (a torso for other observations, ...)
+        msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
+        raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
+                          f"{source.num_actions} actions)") from None
     if cfg.env.source == "envpool":
         from rl.runners.sebulba import Sebulba
 

@@ -11,7 +11,7 @@ Config: configs/benchmark.yaml (budget, seeds, out dir, subsets) and configs/sui
 and tasks as training overrides, the budget, the published reference figures and their sources).
 
 Each (agent, task) is one run of the training entry, `python -m scripts.train <overrides>
-hydra.run.dir=<out_dir>/runs/<task>/<agent>` in a subprocess (its output in `train.log` there), with
+hydra.run.dir=<out_dir>/runs/<task>/<agent>` in a subprocess (its console output in `console.log` there, the run's own log in `train.log`), with
 `seeds` vmapped seeds, the suite's budget, and `checkpoint.interval` = budget / `suite.checkpoints`.
 
 Resumption: run the same command again. A run dir with `summary.json` is finished and skipped; one with a
@@ -193,11 +193,11 @@ def train(run: Run, env: dict[str, str]) -> dict:
     _write_record(run, record)  # before the subprocess: an attempt killed outright stays on record
     cmd = command(run, resume=state == "resume")
     print(f"[benchmark] {run.task}/{run.agent}: {'resuming' if state == 'resume' else 'training'} "
-          f"(log: {run.run_dir / 'train.log'})", flush=True)
+          f"(console: {run.run_dir / 'console.log'})", flush=True)
     t0 = time.perf_counter()
     rc = None
     try:
-        with (run.run_dir / "train.log").open("a") as log:
+        with (run.run_dir / "console.log").open("a") as log:
             log.write(f"\n$ {shlex.join(cmd)}\n")
             log.flush()
             rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -207,8 +207,8 @@ def train(run: Run, env: dict[str, str]) -> dict:
         _write_record(run, record)
     ok = rc == 0 and (run.run_dir / "summary.json").exists()
     if not ok:
-        tail = (run.run_dir / "train.log").read_text().splitlines()[-15:]
-        print(f"[benchmark] {run.task}/{run.agent} FAILED (exit {rc}); end of its train.log:\n  "
+        tail = (run.run_dir / "console.log").read_text().splitlines()[-15:]
+        print(f"[benchmark] {run.task}/{run.agent} FAILED (exit {rc}); end of its console.log:\n  "
               + "\n  ".join(tail), flush=True)
     else:
         print(f"[benchmark] {run.task}/{run.agent} done in {attempt['wall_s']:.0f}s", flush=True)

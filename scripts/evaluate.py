@@ -10,9 +10,14 @@ import argparse
 import json
 import logging
 
+import os
+import sys
+
 import numpy as np
 
+from rl.config import ConfigError
 from rl.experiment import evaluate_run
+from rl.infra.checkpoint import MissingCheckpoint
 
 
 def main(argv: list[str] | None = None) -> np.ndarray:
@@ -25,7 +30,12 @@ def main(argv: list[str] | None = None) -> np.ndarray:
     if args.episodes < 1:
         parser.error("--episodes must be >= 1")
     logging.getLogger("absl").setLevel(logging.WARNING)
-    returns = evaluate_run(args.run_dir, args.episodes, args.seed)
+    try:
+        returns = evaluate_run(args.run_dir, args.episodes, args.seed)
+    except (MissingCheckpoint, ConfigError) as e:  # a dir that is not a run; a run this code cannot build
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.exit(f"evaluate: {e}")
     if args.json:
         print(json.dumps({"returns": returns.tolist()}))
     else:

@@ -2,40 +2,82 @@
 
 Builds the runner of `env.source` (gymnax -> Anakin, envpool -> Sebulba) through rl/experiment.py and
 writes metrics, checkpoints and the learning curve into hydra's run directory (or, with `resume=<run dir>`,
-into that run's directory). Exit codes: 0 done; 1 a config error (its message, no traceback; set
+into that run's directory). Exit codes: 0 done; 1 a config or input error (one line, no traceback; set
 HYDRA_FULL_ERROR=1 for one); 128 + signal number after SIGTERM/SIGINT/SIGUSR2, once the current chunk is
 checkpointed (the resume command is printed).
+
+A hydra run dir that ends up holding nothing of a run (the command failed before training, or it resumed
+into the saved run's own dir) is removed, so failed commands leave no empty `outputs/<date>/<time>/`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from rl.config import ConfigError
+from rl.config import CONFIG_DIR, ConfigError
 from rl.experiment import run
+from rl.infra.checkpoint import MissingCheckpoint
 from rl.infra.sweep import objective
 from rl.runners.loop import Preempted
+
+GROUPS = ("agent", "env")  # config groups a user picks by name on the command line
+
+
+def group_choices(group: str) -> list[str]:
+    """The names `group=<name>` accepts (configs/<group>/**.yaml, sub-folders as `envpool/pong`), minus the
+    preset plumbing folders of configs/agent."""
+    root = CONFIG_DIR / group
+    names = [p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml")]
+    return sorted(n for n in names if not n.startswith(("family/", "preset/")))
+
+
+def unknown_choice(argv: list[str]) -> str | None:
+    """One line for an `agent=` / `env=` override that names no config (hydra's own message lists only the
+    top folder's files, not the envpool configs), else None."""
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and key in GROUPS and "," not in value and value not in group_choices(key):
+            hint = (" (another envpool task: a config of its kind with env.id, e.g. env=envpool/pong env.id=Qbert-v5)"
+                    if key == "env" else "")
+            return f"{key}={value} is not a config of configs/{key}/; choose one of {group_choices(key)}{hint}"
+    return None
+
+
+def _is_empty_run_dir(path: Path) -> bool:
+    """Nothing but hydra's `.hydra/` and empty log files."""
+    return path.is_dir() and all(p.name == ".hydra" or (p.suffix == ".log" and p.stat().st_size == 0)
+                                 for p in path.iterdir())
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Returns the run's objective (mean greedy eval return) for sweepers such as Optuna."""
     hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
     try:
-        return objective(run(cfg, hc.runtime.output_dir, list(hc.overrides.task)))
-    except ConfigError as e:
+        return objective(run(cfg, out_dir, list(hc.overrides.task)))
+    except (ConfigError, MissingCheckpoint) as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        print(f"config error: {e}", file=sys.stderr)
+        kind = "config error" if isinstance(e, ConfigError) else "error"
+        print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
         sys.exit(e.exit_code)
+    finally:
+        if _is_empty_run_dir(out_dir):
+            shutil.rmtree(out_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
+    problem = unknown_choice(sys.argv[1:])
+    if problem and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        sys.exit(f"config error: {problem}")
     main()

@@ -53,6 +53,9 @@ def test_train_writes_and_reports_outputs(trained):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 3000 and len(summary["eval_returns"][0]) == 2
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb wrote an offline run"
+    log = (run_dir / "train.log").read_text()  # the console's lines: one per logged step, the outputs
+    assert log.count(" SPS (all seeds), ") == 3000 // 200 and f"run dir: {run_dir}" in log
+    assert summary["run_dir"] == str(run_dir) and Path(summary["run_dir"]).is_absolute()
 
 
 def test_resume_then_evaluate(trained, tmp_path):
@@ -66,6 +69,8 @@ def test_resume_then_evaluate(trained, tmp_path):
     assert f"resumed from {run_dir} at env step 3000" in proc.stdout + proc.stderr
     # The resumed run continues in its own run dir (hydra's new dir is not used for outputs).
     assert (run_dir / "checkpoints" / "16000").is_dir() and not (tmp_path / "resumed" / "checkpoints").exists()
+    assert not (tmp_path / "resumed").exists()  # hydra's new run dir held nothing of the run: removed
+    assert "resumed from" in (run_dir / "train.log").read_text()  # the resumed run's log continues there
     proc = _run("scripts.evaluate", str(run_dir), "--episodes", "5", "--json")
     returns = json.loads(proc.stdout.strip().splitlines()[-1])["returns"]
     assert len(returns) == 1 and len(returns[0]) == 5
@@ -77,3 +82,22 @@ def test_bad_value_is_a_clear_error(tmp_path):
     assert proc.returncode != 0
     assert "agent.loss must be one of" in proc.stderr
     assert "jax" not in proc.stderr.lower().split("agent.loss")[0][-2000:]  # failed before building anything
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, start: str) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "Warning" not in ln and "warn(" not in ln]
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith(start), proc.stderr[-2000:]
+    return lines[0]
+
+
+def test_runtime_input_errors_are_one_line_and_leave_no_run_dir(tmp_path):
+    """A resume of a dir without a checkpoint and an env config name that does not exist: one line each
+    naming what to change, exit 1, and hydra's run dir is not left behind empty."""
+    proc = _run("scripts.train", "resume=/nonexistent", "logger=none", f"hydra.run.dir={tmp_path / 'a'}", check=False)
+    assert "no checkpoint found in /nonexistent" in _one_line_error(proc, "error: ")
+    proc = _run("scripts.train", "env=envpool/typo", f"hydra.run.dir={tmp_path / 'b'}", check=False)
+    line = _one_line_error(proc, "config error: env=envpool/typo")
+    assert "envpool/pong" in line and "env.id=" in line  # the envpool configs and the way to any other task
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    proc = _run("scripts.evaluate", str(tmp_path), check=False)
+    assert "no checkpoint found" in _one_line_error(proc, "evaluate: ")

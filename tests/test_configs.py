@@ -136,3 +136,22 @@ def test_configs_ship_with_the_package():
     assert Path(CONFIG_DIR / "config.yaml").is_file()
     agent = make_agent(compose([]).agent, obs_shape=(4,), obs_dtype=jnp.float32, num_actions=2, num_envs=10)
     assert type(agent).__module__ == "agents.dqn" and agent.num_actions == 2 and agent.num_envs == 10
+
+
+def test_a_torso_the_env_cannot_take_is_a_config_error_naming_the_key_and_the_env():
+    from rl.experiment import build
+
+    cfg = compose(["agent=dqn", "env=breakout-minatar", "agent.network.torso=nature_cnn", "logger=none"])
+    with pytest.raises(ConfigError, match=r"agent\.network\.torso='nature_cnn' .* \(env Breakout-MinAtar: "
+                                          r"observations \(10, 10, 4\)"):
+        build(cfg)
+
+
+def test_unknown_group_choices_list_every_config_including_subfolders():
+    from scripts.train import group_choices, unknown_choice
+
+    assert "envpool/pong" in group_choices("env") and "dqn_paper" in group_choices("agent")
+    assert not any(c.startswith(("family/", "preset/")) for c in group_choices("agent"))
+    assert unknown_choice(["env=envpool/pong", "agent=muesli", "agent.lr=1e-3"]) is None
+    assert unknown_choice(["agent=dqn,muesli"]) is None  # a multirun list: hydra checks each value
+    assert unknown_choice(["agent=dqnn"]).startswith("agent=dqnn is not a config of configs/agent/")

@@ -88,10 +88,15 @@ def latest_step(path: str | Path) -> int | None:
         return mngr.latest_step()
 
 
+class MissingCheckpoint(FileNotFoundError):
+    """A run dir without a checkpoint was given to resume or evaluate (a user error: one line, no traceback)."""
+
+
 def _require(path: str | Path) -> tuple[Path, int]:
     step = latest_step(path)
     if step is None:
-        raise FileNotFoundError(f"no checkpoint found in {Path(path).absolute()} (nor in its checkpoints/)")
+        raise MissingCheckpoint(f"no checkpoint found in {Path(path).absolute()} (nor in its checkpoints/): give the "
+                                f"directory of a training run (outputs/<date>/<time>) that saved one")
     return checkpoints_dir(path), step
 
 

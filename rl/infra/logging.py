@@ -86,6 +86,11 @@ class RunLogger:
         self._bar = None
         self._csv_fields: list[str] | None = None
         self._started = False
+        self._log_path = self.run_dir / "train.log"  # the console's lines, appended (a resumed run continues it)
+
+    def _file(self, line: str) -> None:
+        with self._log_path.open("a") as f:
+            f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self, *, start_step: int, num_seeds: int, wandb_id: str | None = None,
@@ -158,6 +163,8 @@ class RunLogger:
                 else:
                     data[k] = float(v[0])
             self._wandb.log(data, step=int(env_steps))
+        ret = f"return {self._recent:.2f}" if not math.isnan(self._recent) else NO_EPISODE
+        self._file(f"env step {int(env_steps):,} per seed: {sps * self.num_seeds:,.0f} SPS (all seeds), {ret}")
         if self._bar is not None:
             self._bar.total = max(self._bar.total, env_steps)  # a runner that rounded up without telling start()
             self._bar.set_postfix_str(self._postfix(sps), refresh=False)
@@ -202,7 +209,8 @@ class RunLogger:
                     self._wandb.summary[f"{k}/mean"] = float(np.mean(v))
 
     def note(self, message: str) -> None:
-        """Print a line without breaking the progress bar."""
+        """Print a line without breaking the progress bar (and append it to train.log)."""
+        self._file(message)
         if self._bar is not None:
             self._bar.write(message)
         else:
@@ -221,9 +229,11 @@ class RunLogger:
             self._wandb.finish()
             self._wandb = None
         if self._started:
-            print(f"run dir: {self.run_dir.absolute()}")
-            for name, path in sorted(self.paths.items()):
-                print(f"  {name}: {Path(path).absolute()}")
+            lines = [f"run dir: {self.run_dir.absolute()}"]
+            lines += [f"  {name}: {Path(path).absolute()}" for name, path in sorted(self.paths.items())]
+            for line in lines:
+                print(line)
+                self._file(line)
         return self.paths
 
 

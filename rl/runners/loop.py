@@ -161,7 +161,7 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
         "eval_returns": eval_returns.tolist(),
         "episode_return": np.asarray(last.get("episode_return", np.full(runner.num_seeds, np.nan))).tolist(),
         "checkpoint": None if ckpt is None else str(ckpt),
-        "run_dir": str(logger.run_dir),
+        "run_dir": str(logger.run_dir.absolute()),
     }
     logger.summary({**result, "eval_return_mean": [float(np.nanmean(r)) if r.size else None for r in eval_returns]})
     return {**result, "state": state}
