@@ -3,9 +3,10 @@
     from rl import train, evaluate_run
     result = train("agent=dqn", "env=cartpole", "total_steps=20000")   # as `python -m scripts.train ...`
     returns = evaluate_run(result["run_dir"], episodes=10)              # [seeds, episodes]
+    policy = load_policy(result["run_dir"], seed=0)                     # act(obs, carry) -> (actions, carry)
 """
 
-__all__ = ["evaluate_run", "train"]
+__all__ = ["evaluate_run", "load_policy", "train"]
 
 
 def __getattr__(name):

@@ -8,6 +8,8 @@ Python entry points call it:
   (final state included).
 * `run(cfg, run_dir, overrides=None) -> dict`: train a composed config into `run_dir`.
 * `evaluate_run(run_dir, episodes, seed) -> [S, episodes]`: greedy returns of a saved run, either source.
+* `load_policy(run_dir, seed=0) -> Policy`: one seed's jitted evaluation policy and its parameters, for a
+  user's own code (`act(obs, carry) -> (actions, carry)`, `export(path)` as msgpack).
 * `build(cfg) -> runner`: the runner (`rl.runners.anakin.Anakin` for gymnax, `rl.runners.sebulba.Sebulba` for envpool)
   with its source and agent.
 
@@ -27,6 +29,7 @@ import logging
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
@@ -145,3 +148,54 @@ def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.n
     runner = build(cfg)
     state, _ = checkpoint.restore(run_dir, runner.restore_target())
     return runner.evaluate(runner.place(state), episodes, jax.random.PRNGKey(seed))
+
+
+class Policy:
+    """A saved run's evaluation policy for one seed, for a user's own code (`rl.load_policy`).
+
+    `act(obs [E, *obs_shape], carry, key=None) -> (actions [E] int32, carry)` is jitted and acts as the run's
+    greedy evaluation does (`agent.act(..., explore=False)` with the online parameters); `key` matters only for
+    an evaluation policy that samples (e.g. DQN's `eval_epsilon` > 0). `initial_carry(E)` starts episodes
+    (`()` for feed-forward agents; reset it yourself where an episode ends). `params` are the online network's
+    parameters; `export(path)` writes them as flax msgpack (`flax.serialization.from_bytes(policy.params,
+    data)` reads them back into the same structure)."""
+
+    def __init__(self, agent, agent_state):
+        self.agent, self.state = agent, agent_state
+        self._act = jax.jit(lambda s, obs, carry, key: agent.act(s, obs, carry, key, jnp.arange(obs.shape[0]),
+                                                                explore=False)[:2])
+
+    @property
+    def params(self):
+        return self.state.params
+
+    def initial_carry(self, num_envs: int):
+        return self.agent.initial_carry(num_envs)
+
+    def act(self, obs, carry=(), key: jax.Array | None = None):
+        key = jax.random.PRNGKey(0) if key is None else key
+        return self._act(self.state, jnp.asarray(obs), carry, key)
+
+    def export(self, path: str | Path) -> Path:
+        from flax import serialization
+
+        path = Path(path)
+        path.write_bytes(serialization.to_bytes(jax.device_get(self.params)))
+        return path
+
+
+def load_policy(run_dir: str | Path, seed: int = 0) -> Policy:
+    """The evaluation policy of seed index `seed` (of the run's vmapped seeds) from the run's newest checkpoint."""
+    cfg = OmegaConf.create(checkpoint.read_meta(run_dir)["config"])
+    runner = build(cfg)
+    state, _ = checkpoint.restore(run_dir, runner.restore_target())
+    if isinstance(state, dict):  # Sebulba: one seed
+        agent_state, seeds = state["agent"], 1
+    else:  # Anakin: (runner state, iteration), agent leaves [S, ...]
+        agent_state, seeds = state[0].agent, int(cfg.seeds)
+        if not 0 <= seed < seeds:
+            raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{seeds - 1}")
+        agent_state = jax.tree_util.tree_map(lambda x: x[seed], agent_state)
+    if seeds == 1 and seed != 0:
+        raise ConfigError(f"seed={seed}: the run in {run_dir} trained one seed (0)")
+    return Policy(runner.agent, jax.device_put(agent_state, jax.devices()[0]))

@@ -53,3 +53,56 @@ def test_warns_when_no_train_step_will_run(tmp_path, capsys):
     rl.train(*TINY_DQN, "total_steps=80", "agent.learning_starts=100", "eval_episodes=0", run_dir=tmp_path)
     out = capsys.readouterr().out
     assert "total_steps=80 < the agent's learning_starts=100: no train step will run" in out
+
+
+def test_load_policy_acts_as_the_runs_greedy_evaluation_with_the_chosen_seeds_online_params(tmp_path):
+    """`rl.load_policy(run_dir, seed)` plays exactly the episodes the run's greedy evaluation plays with that
+    seed's online parameters (same keys), picks the seed asked for (the two seeds' greedy actions differ),
+    and exports the parameters in a form that reads back into the same values."""
+    import flax.serialization
+    import jax
+    import jax.numpy as jnp
+
+    from rl.envs.gymnax_source import make_source
+    from rl.experiment import load_policy
+    from rl.runners.evaluate import evaluate
+
+    result = rl.train(*TINY_DQN, "total_steps=2000", "seeds=2", run_dir=tmp_path)
+    agent_states = result["state"][0].agent
+    source = make_source(_saved_env(tmp_path), 6)
+    key = jax.random.PRNGKey(3)
+    for seed in (0, 1):
+        policy = load_policy(tmp_path, seed=seed)
+        own = jax.tree_util.tree_map(lambda x, s=seed: x[s], agent_states)
+        assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+            lambda a, b: bool(jnp.array_equal(a, b)), policy.params, own.params))
+
+        class Acting:  # the policy as evaluate() calls an agent: no state of its own
+            initial_carry = staticmethod(policy.initial_carry)
+
+            @staticmethod
+            def act(_state, obs, carry, k, env_ids, explore=True):
+                action, carry = policy.act(obs, carry, k)
+                return action, carry, {}
+
+        want, _ = evaluate(policy.agent, own, source, key)  # the greedy evaluation of the trained state
+        got, _ = evaluate(Acting, None, source, key)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    obs = jax.random.normal(jax.random.PRNGKey(0), (256, 4)) * 2
+    a0 = load_policy(tmp_path, seed=0).act(obs)[0]
+    a1 = load_policy(tmp_path, seed=1).act(obs)[0]
+    assert bool(jnp.any(a0 != a1)), "both seeds act alike: the seed index is not applied"
+    path = policy.export(tmp_path / "params.msgpack")
+    back = flax.serialization.from_bytes(policy.params, path.read_bytes())
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool(jnp.array_equal(a, b)), back,
+                                                         policy.params))
+    with pytest.raises(ConfigError, match="trained seeds 0..1"):
+        load_policy(tmp_path, seed=2)
+
+
+def _saved_env(run_dir):
+    from omegaconf import OmegaConf
+
+    from rl.infra import checkpoint
+
+    return OmegaConf.create(checkpoint.read_meta(run_dir)["config"]).env
