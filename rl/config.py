@@ -25,7 +25,7 @@ from rl.infra.distributed import DistributedConfig, MeshConfig
 WANDB_MODES = ("offline", "online", "disabled")
 ENV_SOURCES = {"gymnax": "rl.envs.gymnax_source", "envpool": "rl.envs.envpool_env"}  # module holding `EnvConfig`
 # Keys that may differ between a run and its resumption (they do not change what is computed).
-RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "mesh",
+RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "eval_interval", "mesh",
                     "distributed", "on_nonfinite")
 
 
@@ -70,7 +70,8 @@ class TrainConfig:
     total_steps: int = 500_000  # env steps per seed (summed over envs)
     num_envs: int = 10
     log_interval: int = 10_000  # env steps between host-side logs (one compiled chunk)
-    eval_episodes: int = 10  # greedy episodes per seed at the end
+    eval_episodes: int = 10  # greedy episodes per seed at the end (and at each eval_interval)
+    eval_interval: int = 0  # env steps between greedy evaluations during training (logged as eval_return); 0: off
     resume: str | None = None  # a run dir to resume from (its saved config is used; see rl/experiment.py)
     on_nonfinite: str = "stop"  # NaN/Inf in a train metric or the params: stop (error) | skip the update
 
@@ -117,9 +118,11 @@ def check_top_level(cfg: DictConfig) -> None:
     to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
     for key in ("seeds", "total_steps", "num_envs", "log_interval"):
         _positive(cfg, key)
-    for key in ("seed", "eval_episodes", "checkpoint.interval"):
+    for key in ("seed", "eval_episodes", "eval_interval", "checkpoint.interval"):
         _positive(cfg, key, minimum=0)
     _positive(cfg, "checkpoint.keep")
+    if cfg.get("eval_interval", 0) and not cfg.eval_episodes:
+        raise ConfigError("`eval_interval` needs `eval_episodes` >= 1 (the greedy episodes of each evaluation)")
     if cfg.get("on_nonfinite", "stop") not in ("stop", "skip"):
         raise ConfigError(f"`on_nonfinite` must be stop or skip, got {cfg.on_nonfinite!r}")
     mode = OmegaConf.select(cfg, "logger.wandb.mode")

@@ -23,6 +23,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 RETURN_KEY = "episode_return"
+EVAL_KEY = "eval_return"  # greedy return per seed of the evaluations during training (eval_interval)
 
 
 class _DropStartupNoise(logging.Filter):
@@ -257,6 +258,15 @@ def plot_learning_curve(history: list[dict], path: str | Path, key: str = RETURN
         steps = sorted({int(x) for c in curves for x in c[0]})
         mean = [np.nanmean([c[1][c[0] == st][0] for c in curves if np.any(c[0] == st)]) for st in steps]
         ax.plot(steps, mean, lw=2, color="black", label="mean")
+    greedy = {}  # the greedy evaluations during training (eval_interval), mean over seeds
+    for row in history:
+        if key == RETURN_KEY and row.get(EVAL_KEY) is not None:
+            greedy.setdefault(int(row["env_steps"]), []).append(row[EVAL_KEY])
+    if greedy:
+        steps = sorted(greedy)
+        ax.plot(steps, [np.mean(greedy[s]) for s in steps], "o--", lw=1.5, color="C3", ms=4,
+                label="greedy eval (mean over seeds)")
+        curves.append(greedy)
     ax.set_xlabel("env steps")
     ax.set_ylabel(key.replace("_", " "))
     ax.set_title(title)

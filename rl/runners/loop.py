@@ -18,7 +18,9 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
 dir whose newest checkpoint holds this runner's state; its config was checked by rl/experiment.py), log
-after every chunk of `cfg.log_interval` env steps, checkpoint every `cfg.checkpoint.interval` env steps
+after every chunk of `cfg.log_interval` env steps (with `cfg.eval_interval`, the greedy return of
+`cfg.eval_episodes` episodes per seed as `eval_return` in the log after each chunk that crosses a multiple of
+it), checkpoint every `cfg.checkpoint.interval` env steps
 and at the end, stop on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop
 cleanly on SIGTERM/SIGINT (`Preempted`), evaluate the greedy policy and return the result dict:
 `{"env_steps", "eval_returns" [S, K], "episode_return" [S] (last logged), "checkpoint", "run_dir",
@@ -112,10 +114,17 @@ def _start(cfg, runner, logger, resume_from):
     return state, env_steps
 
 
+def _greedy_return(cfg, runner, state, env_steps: int) -> np.ndarray:
+    """Mean greedy return per seed `[S]` of `cfg.eval_episodes` episodes (keys distinct from the final one's)."""
+    key = jax.random.fold_in(jax.random.PRNGKey(int(cfg.seed) + 2 * 10**6), env_steps)
+    return np.nanmean(runner.evaluate(state, int(cfg.eval_episodes), key), axis=1)
+
+
 def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt: Path | None):
     """Chunks until the total (or a signal); returns `(state, env_steps, last metrics, last checkpoint)`."""
     total = runner.rounded_total(int(cfg.total_steps))
     log_every, ckpt_every = int(cfg.log_interval), int(cfg.checkpoint.interval)
+    eval_every = int(cfg.get("eval_interval", 0))
     last, first = {}, True
     with runner.session(state, env_steps) as session:
         while env_steps < total and watch.signum is None:
@@ -127,6 +136,8 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
                 logger.note(f"first chunk (compile + {env_steps - before} env steps per seed): "
                             f"{time.perf_counter() - t0:.1f}s")
                 first = False
+            if eval_every and env_steps // eval_every > before // eval_every:
+                out["eval_return"] = _greedy_return(cfg, runner, state, env_steps)
             logger.log(env_steps, out)
             guard.check(nonfinite)  # before any checkpoint of this state
             last = out
