@@ -6,6 +6,7 @@
     python -m scripts.benchmark suite=minatar tasks=[breakout] agents=[dqn] out_dir=/tmp/b
     python -m scripts.benchmark suite=minatar dry_run=true     # print the runs' training commands
     python -m scripts.benchmark suite=memory report_only=true  # tables and figure from what exists, no training
+    python -m scripts.benchmark suite=minatar report_only=true results_dir=results/minatar   # ... to commit
 
 Config: configs/benchmark.yaml (budget, seeds, out dir, subsets) and configs/suite/<name>.yaml (the agents
 and tasks as training overrides, the budget, the published reference figures and their sources).
@@ -30,6 +31,9 @@ Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
   sps is left empty), sps (env steps of all seeds per wall second), commits (the git commit of each attempt, in order;
   a run resumed across commits lists several), run_dir.
 * `results.md`: the same as markdown, one row per task with the reference figures beside ours.
+* With `results_dir=<dir>`: the same three files in `<dir>`, beside a copy of each run's metrics.csv,
+  summary.json, composed config (config.yaml) and benchmark_run.json in `<dir>/runs/<task>/<agent>/` (no
+  checkpoints), from which the tables and the figure there are drawn: the committable record of a suite.
 * `learning_curves.png`: one panel per task, one colour per agent, mean and band over seeds (the loading
   and aggregation of scripts/plot.py), reference figures as dashed lines.
 """
@@ -399,6 +403,37 @@ def write_figure(runs: list[Run], path: Path, spread: str = "std", title: str = 
     return path
 
 
+# ---- publishing ----------------------------------------------------------------------------------------
+
+PUBLISHED = {"metrics.csv": "metrics.csv", "summary.json": "summary.json", ".hydra/config.yaml": "config.yaml",
+             RECORD: RECORD}  # run file -> name in the results dir (never checkpoints)
+
+
+def publish(cfg: DictConfig, s: dict, runs: list[Run], cmd: str, results_dir: Path) -> Path:
+    """Copy what each run produced (PUBLISHED: metrics, summary, composed config, attempt record) to
+    `results_dir/runs/<task>/<agent>/` and write results.csv/md and the figure there from those copies, so
+    the table can be committed (e.g. results/minatar/) and outlives the run dirs."""
+    copies = []
+    for run in runs:
+        dest = results_dir / "runs" / run.task / run.agent
+        for src, name in PUBLISHED.items():
+            if (run.run_dir / src).exists():
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(run.run_dir / src, dest / name)
+        copies.append(Run(run.agent, run.task, dest, run.overrides, run.references))
+    rows = []
+    for run, copy in zip(runs, copies):
+        row = result_row(run)  # status and wall time from the live run dir
+        row["run_dir"] = str(copy.run_dir)
+        rows.append(row)
+    write_csv([{**r, "run_dir": os.path.relpath(r["run_dir"], results_dir)} for r in rows], results_dir / "results.csv")
+    write_markdown(cfg, s, copies, rows, results_dir / "results.md", cmd)
+    write_figure(copies, results_dir / "learning_curves.png", str(cfg.spread),
+                 f"{cfg.suite.name}: {s['steps']:,} env steps, {s['seeds']} seed(s); mean and band ({cfg.spread}) "
+                 "over seeds")
+    return results_dir
+
+
 # ---- entry ---------------------------------------------------------------------------------------------
 
 def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
@@ -437,6 +472,10 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
                  "over seeds")
     print(f"[benchmark] wrote {out_dir / 'results.csv'}, {out_dir / 'results.md'}, "
           f"{out_dir / 'learning_curves.png'}", flush=True)
+    if cfg.get("results_dir"):
+        published = publish(cfg, s, runs, cmd, Path(cfg.results_dir))
+        print(f"[benchmark] published the runs' metrics, summaries and configs with the tables in {published}",
+              flush=True)
     return {"out_dir": out_dir, "rows": rows, "trained": list(outcomes), "failed": failed}
 
 

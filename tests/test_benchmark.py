@@ -172,3 +172,25 @@ def test_quick_minatar_suite(tmp_path):
     rows = _rows(tmp_path)
     assert all(r["status"] == "done" and int(r["env_steps"]) >= 200_000 for r in rows.values())
     assert (tmp_path / "results.md").exists() and (tmp_path / "learning_curves.png").exists()
+
+
+def test_results_dir_publishes_tables_and_each_runs_files_but_no_checkpoints(tmp_path):
+    """results_dir=<dir>: results.csv/md and the figure, drawn from copies of each run's metrics.csv,
+    summary.json, composed config and record in <dir>/runs/<task>/<agent>/; checkpoints stay behind."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    run_dir = out / "runs" / "cartpole_masked" / "dqn"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "checkpoints" / "1000").mkdir(parents=True)
+    (run_dir / "metrics.csv").write_text("env_steps,seed,episode_return,episodes\n1000,0,30.0,1\n1000,1,50.0,1\n")
+    (run_dir / "summary.json").write_text(json.dumps({"env_steps": 1000, "seeds": 2, "eval_returns": [[1.0], [3.0]]}))
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    run_benchmark(bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", f"out_dir={out}",
+                            "report_only=true", f"results_dir={results}"))
+    copy = results / "runs" / "cartpole_masked" / "dqn"
+    assert sorted(p.name for p in copy.iterdir()) == ["config.yaml", "metrics.csv", "summary.json"]
+    assert (copy / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
+    row = _rows(results)[("dqn", "cartpole_masked")]
+    assert row["status"] == "done" and float(row["eval_mean"]) == 2.0 and row["run_dir"] == "runs/cartpole_masked/dqn"
+    assert "runs/cartpole_masked/dqn" in (results / "results.md").read_text()
+    assert (results / "learning_curves.png").stat().st_size > 0
+    assert not list(results.rglob("checkpoints"))
