@@ -16,6 +16,9 @@ from tests.conftest import TINY_DQN
 
 BASE = [*TINY_DQN, "seeds=2", "total_steps=800", "log_interval=400", "eval_episodes=1"]
 
+# Config keys whose effect these tests pin down (tests/test_option_coverage.py).
+COVERS = {"train.resume": "test_resume_alone_uses_the_saved_config_and_run_dir"}
+
 
 def _resume(run_dir, *extra):
     overrides = [f"resume={run_dir}", *extra]
