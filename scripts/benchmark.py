@@ -31,7 +31,7 @@ Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
   sps is left empty), sps (env steps of all seeds per wall second), commits (the git commit of each attempt, in order;
   a run resumed across commits lists several), run_dir.
 * `results.md`: the same as markdown, one row per task with the reference figures beside ours.
-* With `results_dir=<dir>`: the same three files in `<dir>`, beside a copy of each run's metrics.csv,
+* With `results_dir=<dir>`: the same three files in `<dir>`, beside a copy of each finished run's metrics.csv,
   summary.json, composed config (config.yaml) and benchmark_run.json in `<dir>/runs/<task>/<agent>/` (no
   checkpoints), from which the tables and the figure there are drawn: the committable record of a suite.
 * `learning_curves.png`: one panel per task, one colour per agent, mean and band over seeds (the loading
@@ -312,7 +312,7 @@ def write_markdown(cfg: DictConfig, s: dict, runs: list[Run], rows: list[dict], 
     refs = {r.task: r.references for r in runs}
     settings_line = (f"`{cmd}` — {s['steps']:,} env steps per seed, {s['seeds']} seed(s) per run (vmapped), "
                      f"greedy evaluation on {s['eval_episodes']} episodes per seed after training; "
-                     f"git {_git_commit()}.")
+                     f"table written at git {_git_commit()} (each run's training commits: the git column).")
     lines = [f"# Benchmark `{suite.name}`", "", settings_line, ""]
     if cfg.extra_overrides:
         lines += [(f"Extra overrides on every run (they may change the settings above): "
@@ -410,14 +410,16 @@ PUBLISHED = {"metrics.csv": "metrics.csv", "summary.json": "summary.json", ".hyd
 
 
 def publish(cfg: DictConfig, s: dict, runs: list[Run], cmd: str, results_dir: Path) -> Path:
-    """Copy what each run produced (PUBLISHED: metrics, summary, composed config, attempt record) to
+    """Copy what each finished run produced (PUBLISHED: metrics, summary, composed config, attempt record) to
     `results_dir/runs/<task>/<agent>/` and write results.csv/md and the figure there from those copies, so
     the table can be committed (e.g. results/minatar/) and outlives the run dirs."""
     copies = []
     for run in runs:
         dest = results_dir / "runs" / run.task / run.agent
+        if dest.exists():
+            shutil.rmtree(dest)  # what an earlier publish copied; replaced by the run's files as they are now
         for src, name in PUBLISHED.items():
-            if (run.run_dir / src).exists():
+            if state_of(run) == "done" and (run.run_dir / src).exists():
                 dest.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(run.run_dir / src, dest / name)
         copies.append(Run(run.agent, run.task, dest, run.overrides, run.references))
