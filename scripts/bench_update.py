@@ -76,7 +76,7 @@ def replay_ratio(agent) -> float:
 def _dqn_components(agent, state, buf, keys, n):
     V = jax.vmap
     batch = jax.jit(V(lambda b, k: agent.buffer.sample(b, k, agent.cfg.batch_size)))(buf, keys)
-    loss = lambda s, b: agent._loss(s.params, s.target_params, b)[0]  # noqa: E731
+    loss = lambda s, b: agent._loss(s.params, s.target_params, b)[0]
     grads = jax.jit(V(jax.grad(lambda p, t, b: agent._loss(p, t, b)[0])))(state.params, state.target_params, batch)
     torso_in = batch.obs
 
@@ -103,7 +103,7 @@ def _muesli_components(agent, state, buf, keys, n):
     sample = V(lambda b, k: agent.buffer.sample_mixed(b, k, cfg.batch_size, 1.0 - cfg.replay_fraction))
     smp = jax.jit(sample)(buf, keys)
     batch, valid = smp.data, smp.mask
-    represent = lambda p, o: agent._apply(p, MuesliNetwork.represent, o)  # noqa: E731
+    represent = lambda p, o: agent._apply(p, MuesliNetwork.represent, o)
     states = jax.jit(V(lambda s, b: represent(s.target_params, b["obs"])))(state, batch)
     targets = jax.jit(V(lambda s, b, v: agent.targets(s, b, v)[0]))(state, batch, valid)
     idx = unroll_indices(cfg.sequence_length, cfg.unroll_steps)

@@ -81,7 +81,7 @@ def test_load_policy_acts_as_the_runs_greedy_evaluation_with_the_chosen_seeds_on
             initial_carry = staticmethod(policy.initial_carry)
 
             @staticmethod
-            def act(_state, obs, carry, k, env_ids, explore=True):
+            def act(_state, obs, carry, k, env_ids, explore=True, policy=policy):
                 action, carry = policy.act(obs, carry, k)
                 return action, carry, {}
 

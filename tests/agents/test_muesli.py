@@ -369,11 +369,8 @@ def _reference_loss_fn(agent, batch, valid, ref, rho):
     return loss
 
 
-def test_targets_match_numpy_reference(reference_problem):
-    """Look-ahead q, the baseline v = E_prior q, Retrace with c = lambda min(1, pi_prior/mu) from the target
-    network, the advantage EMA (debiased second moment, not the variance), the CMPO policy with advantages
-    divided by the scale, and the normalised policy-gradient advantage."""
-    agent, state, batch, valid, (targets, adv_ema, metrics), ref = reference_problem
+def assert_targets_match(targets, adv_ema, metrics, ref):
+    """The agent's targets equal `_reference_targets`'s (`ref`) on the valid steps."""
     m = ref["mask"]
     np.testing.assert_array_equal(np.asarray(targets.retrace.mask), m)
     np.testing.assert_allclose(np.asarray(targets.retrace.q)[m], ref["G"][m], rtol=1e-4, atol=1e-3)
@@ -382,6 +379,15 @@ def test_targets_match_numpy_reference(reference_problem):
     np.testing.assert_allclose(float(metrics["adv_scale"]), ref["scale"], rtol=1e-5)
     np.testing.assert_allclose(np.exp(np.asarray(targets.cmpo_log_probs)), ref["cmpo"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(np.asarray(targets.pg_advantage)[m], ref["pg_adv"][m], rtol=1e-4, atol=1e-4)
+
+
+def test_targets_match_numpy_reference(reference_problem):
+    """Look-ahead q, the baseline v = E_prior q, Retrace with c = lambda min(1, pi_prior/mu) from the target
+    network, the advantage EMA (debiased second moment, not the variance), the CMPO policy with advantages
+    divided by the scale, and the normalised policy-gradient advantage."""
+    agent, state, batch, valid, (targets, adv_ema, metrics), ref = reference_problem
+    assert_targets_match(targets, adv_ema, metrics, ref)
+    m = ref["mask"]
     # Guards: every term matters on this batch.
     adv = (ref["q"] - ref["v"][..., None]) / ref["scale"]
     assert abs(ref["scale"] - 1) > 0.3  # dividing by the scale changes the advantages
