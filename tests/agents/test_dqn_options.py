@@ -178,8 +178,8 @@ def test_act_uses_the_online_params_and_the_right_epsilon(eval_epsilon):
     keys = jax.random.split(jax.random.PRNGKey(1), 1000)
     ids = jnp.arange(32)
     for explore, eps in ((False, eval_epsilon), (True, train_eps)):
-        acts = np.asarray(jax.jit(jax.vmap(lambda k: agent.act(state, jnp.asarray(obs), (), k, ids,
-                                                                explore=explore)[0]))(keys))
+        acts = np.asarray(jax.jit(jax.vmap(lambda k, explore=explore: agent.act(state, jnp.asarray(obs), (), k, ids,
+                                                                                explore=explore)[0]))(keys))
         if eps == 0.0:
             np.testing.assert_array_equal(acts, np.broadcast_to(greedy, acts.shape))
         assert abs((acts != greedy).mean() - eps * 2 / 3) < 0.015, (explore, eps)

@@ -385,7 +385,7 @@ def test_targets_match_numpy_reference(reference_problem):
     """Look-ahead q, the baseline v = E_prior q, Retrace with c = lambda min(1, pi_prior/mu) from the target
     network, the advantage EMA (debiased second moment, not the variance), the CMPO policy with advantages
     divided by the scale, and the normalised policy-gradient advantage."""
-    agent, state, batch, valid, (targets, adv_ema, metrics), ref = reference_problem
+    agent, _, _, valid, (targets, adv_ema, metrics), ref = reference_problem
     assert_targets_match(targets, adv_ema, metrics, ref)
     m = ref["mask"]
     # Guards: every term matters on this batch.
