@@ -142,11 +142,18 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> dict:
     return run(cfg, run_dir, list(overrides))
 
 
-def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.ndarray:
-    """Greedy returns `[S, episodes]` of every seed of the run saved in `run_dir` (either source)."""
+def _restored(run_dir: str | Path):
+    """`(cfg, runner, state)` of the run saved in `run_dir`: its config, the runner built from it, the newest
+    checkpoint's state."""
     cfg = OmegaConf.create(checkpoint.read_meta(run_dir)["config"])
     runner = build(cfg)
     state, _ = checkpoint.restore(run_dir, runner.restore_target())
+    return cfg, runner, state
+
+
+def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Greedy returns `[S, episodes]` of every seed of the run saved in `run_dir` (either source)."""
+    _, runner, state = _restored(run_dir)
     return runner.evaluate(runner.place(state), episodes, jax.random.PRNGKey(seed))
 
 
@@ -186,16 +193,10 @@ class Policy:
 
 def load_policy(run_dir: str | Path, seed: int = 0) -> Policy:
     """The evaluation policy of seed index `seed` (of the run's vmapped seeds) from the run's newest checkpoint."""
-    cfg = OmegaConf.create(checkpoint.read_meta(run_dir)["config"])
-    runner = build(cfg)
-    state, _ = checkpoint.restore(run_dir, runner.restore_target())
-    if isinstance(state, dict):  # Sebulba: one seed
-        agent_state, seeds = state["agent"], 1
-    else:  # Anakin: (runner state, iteration), agent leaves [S, ...]
-        agent_state, seeds = state[0].agent, int(cfg.seeds)
-        if not 0 <= seed < seeds:
-            raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{seeds - 1}")
-        agent_state = jax.tree_util.tree_map(lambda x: x[seed], agent_state)
-    if seeds == 1 and seed != 0:
-        raise ConfigError(f"seed={seed}: the run in {run_dir} trained one seed (0)")
+    cfg, runner, state = _restored(run_dir)
+    sebulba = isinstance(state, dict)  # Sebulba: one seed; Anakin: (runner state, iteration), leaves [S, ...]
+    seeds = 1 if sebulba else int(cfg.seeds)
+    if not 0 <= seed < seeds:
+        raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{seeds - 1}")
+    agent_state = state["agent"] if sebulba else jax.tree_util.tree_map(lambda x: x[seed], state[0].agent)
     return Policy(runner.agent, jax.device_put(agent_state, jax.devices()[0]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from pathlib import Path
 
 # Compiled programs are cached on disk (keyed by program, flags and versions), so the many small runs of
 # the same config compile once; subprocesses started by tests inherit the setting through the env.
@@ -30,3 +31,18 @@ TINY_DQN = ["agent=dqn", "env=cartpole", "logger=none", "num_envs=4", "log_inter
 def tiny_cfg():
     """`tiny_cfg(*overrides)` -> the composed TINY_DQN config with extra overrides."""
     return lambda *overrides: compose([*TINY_DQN, *overrides])
+
+
+def run_probe(code: str, devices: int) -> dict:
+    """Run `code` in a fresh Python with `devices` forced CPU devices; its last stdout line, parsed as JSON."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

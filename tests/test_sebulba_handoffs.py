@@ -17,10 +17,6 @@ Every session runs under a watchdog (`within`), so a stuck thread fails the test
 from __future__ import annotations
 
 import csv
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,6 +32,7 @@ from rl.experiment import build
 from rl.infra.logging import RunLogger
 from rl.runners import loop, sebulba
 from rl.runners.sebulba import Sebulba
+from tests.conftest import run_probe
 from tests.rl.test_runner_options import ExploringAgent, VersionAgent
 from tests.test_envpool_source import reference
 
@@ -453,12 +450,7 @@ def test_device_keys_place_actors_and_learner():
     """On 3 forced CPU devices: `env.actor_devices=N` acts on the first N devices and the learner takes the
     rest, or `env.learner_devices=M` of them; with only `learner_devices` the actors stay on device 0; the
     learner state lives on the learner devices and parameters are published to every actor device."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", DEVICE_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_probe(DEVICE_PROBE, devices=3)
     placed = lambda a, l: {"actors": a, "learner": l, "state": l, "published": [[d, d] for d in a]}
     assert out == {"default": placed([0], [0]), "a1": placed([0], [1, 2]), "a1l1": placed([0], [1]),
                    "l2": placed([0], [0, 1]), "a2": placed([0, 1], [2])}

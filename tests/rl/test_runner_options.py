@@ -9,9 +9,6 @@ from __future__ import annotations
 import csv
 import inspect
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -29,6 +26,7 @@ from rl.runners import anakin, loop
 from rl.runners.anakin import Anakin
 from rl.runners.evaluate import evaluate
 from rl.runners.guard import NonFiniteError
+from tests.conftest import run_probe
 from tests.test_logging import _cfg as logger_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -415,12 +413,7 @@ print(json.dumps(out))
 def test_mesh_keys_shape_the_anakin_mesh():
     """On 4 forced CPU devices: `mesh.devices` picks how many devices the run uses (null: all) and
     `mesh.seed_devices` how many of them split the seeds; the runner state is placed on those devices."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", MESH_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_probe(MESH_PROBE, devices=4)
     assert out["all"] == {"mesh": {"seed": 1, "data": 4}, "buffer_devices": [0, 1, 2, 3]}
     assert out["one"] == {"mesh": None, "buffer_devices": None}
     assert out["two"] == {"mesh": {"seed": 1, "data": 2}, "buffer_devices": [0, 1]}
