@@ -266,12 +266,11 @@ def plot_learning_curve(history: list[dict], path: str | Path, key: str = RETURN
         steps = sorted(greedy)
         ax.plot(steps, [np.mean(greedy[s]) for s in steps], "o--", lw=1.5, color="C3", ms=4,
                 label="greedy eval (mean over seeds)")
-        curves.append(greedy)
     ax.set_xlabel("env steps")
     ax.set_ylabel(key.replace("_", " "))
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if curves:
+    if curves or greedy:
         ax.legend(fontsize=7, loc="best")
     else:  # say so, rather than an empty 0-1 axis
         last = max((int(row["env_steps"]) for row in history), default=0)
