@@ -28,6 +28,7 @@ import numpy as np
 
 from rl.config import compose
 from rl.experiment import validate
+from rl.runners.totals import summarise
 
 
 def _block(tree):
@@ -115,12 +116,12 @@ def memory_chain(length: int, budget: int, eval_every: int, eval_episodes: int, 
     solved_at = None
     while done_iters < total_iters:
         n = min(chunk_iters, total_iters - done_iters)
-        state, it, out = runner.chunk(state, it, n)
+        state, it, out = runner.chunk(state, it, runner.zero_totals(state), n)
         done_iters += n
         steps = done_iters * runner.steps_per_iter
-        ret = float(runner.evaluate(state.agent, eval_episodes, jax.random.PRNGKey(steps)).mean())
+        ret = float(runner.evaluate((state, it), eval_episodes, jax.random.PRNGKey(steps)).mean())
         history.append({"env_steps": steps, "greedy_return": ret,
-                        "train_return": float(np.nanmean(np.asarray(out["episode_return"])))})
+                        "train_return": float(np.nanmean(summarise(out)["episode_return"]))})
         print(f"  memory_length={length} steps={steps} greedy={ret:.3f} "
               f"train={history[-1]['train_return']:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
         if ret >= solve:

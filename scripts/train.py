@@ -3,8 +3,9 @@
 Builds the runner of `env.source` (gymnax -> Anakin, envpool -> Sebulba) through rl/experiment.py and
 writes metrics, checkpoints and the learning curve into hydra's run directory (or, with `resume=<run dir>`,
 into that run's directory). Exit codes: 0 done; 1 a config or input error (one line, no traceback; set
-HYDRA_FULL_ERROR=1 for one); 128 + signal number after SIGTERM/SIGINT/SIGUSR2, once the current chunk is
-checkpointed (the resume command is printed).
+HYDRA_FULL_ERROR=1 for one); 128 + signal number after SIGTERM/SIGINT/SIGUSR2, once the sub-chunk in
+progress (seconds) is checkpointed (the resume command is printed); 130 after a repeated Ctrl-C aborted the
+save (one line naming the newest checkpoint on disk, or that nothing was saved).
 
 A hydra run dir that ends up holding nothing of a run (the command failed before training, or it resumed
 into the saved run's own dir) is removed, so failed commands leave no empty `outputs/<date>/<time>/`.
@@ -25,7 +26,7 @@ from rl.config import CONFIG_DIR, ConfigError
 from rl.experiment import run
 from rl.infra.checkpoint import MissingCheckpoint
 from rl.infra.sweep import objective
-from rl.runners.loop import Preempted
+from rl.runners.loop import Aborted, Preempted
 
 GROUPS = ("agent", "env")  # config groups a user picks by name on the command line
 
@@ -70,6 +71,9 @@ def main(cfg: DictConfig) -> float:
         print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
+        sys.exit(e.exit_code)
+    except Aborted as e:
+        print(e, file=sys.stderr)
         sys.exit(e.exit_code)
     finally:
         if _is_empty_run_dir(out_dir):

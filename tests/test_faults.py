@@ -103,6 +103,70 @@ def test_sigterm_checkpoints_and_resume_is_bit_exact(tmp_path):
     assert (tmp_path / "straight" / "metrics.csv").read_text() == (stopped / "metrics.csv").read_text()
 
 
+def test_signal_inside_a_log_interval_keeps_its_sums_and_resumes_bit_exact(tmp_path, monkeypatch):
+    """Sub-chunks of one iteration (4 env steps); SIGTERM after the 40th call, past learning_starts, inside the
+    first 2000-step log
+    interval: the checkpoint holds that step and the interval's sums, and the resumed run's state and
+    metrics.csv equal an unstopped run's."""
+    from rl.runners import loop
+    from rl.runners.anakin import Anakin
+    from rl.runners.loop import Preempted
+
+    monkeypatch.setattr(loop, "SUBCHUNK_S", 1e-9)  # every call: one iteration
+    overrides = [*TINY_DQN, "total_steps=4000", "log_interval=2000", "checkpoint.interval=2000"]
+    calls, advance = [], Anakin.advance
+
+    def signalling(self, *args):
+        out = advance(self, *args)
+        calls.append(out[1])
+        if len(calls) == 40:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Anakin, "advance", signalling)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(Preempted):
+        run(compose(overrides), stopped)
+    step = checkpoint.latest_step(stopped)
+    assert step == calls[39] == 160  # stopped after the call in progress, inside the interval
+    partial = checkpoint.read_meta(stopped)["partial_interval"]
+    assert partial["start"] == 0 and sum(partial["totals"]["updates"]) > 0
+    assert not (stopped / "metrics.csv").exists()  # nothing logged for the unfinished interval
+    monkeypatch.setattr(Anakin, "advance", advance)
+    resumed = run(compose(overrides), stopped)  # a run dir with a checkpoint and no summary: resumed
+    straight = run(compose(overrides), tmp_path / "straight")
+    for x, y in zip(_leaves(straight["state"]), _leaves(resumed["state"])):
+        np.testing.assert_array_equal(x, y)
+    assert (tmp_path / "straight" / "metrics.csv").read_text() == (stopped / "metrics.csv").read_text()
+
+
+def test_ctrl_c_is_answered_within_seconds_whatever_the_log_interval(tmp_path):
+    """One log interval of 2M env steps (minutes of work): Ctrl-C stops the run after the sub-chunk in
+    progress, well within a minute, with a checkpoint inside the interval."""
+    run_dir = tmp_path / "run"
+    cmd = _train_cmd(run_dir, *TINY_DQN, "total_steps=2000000", "log_interval=2000000")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while "first call" not in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""):
+        if proc.poll() is not None or time.monotonic() - t0 > 240:
+            proc.kill()
+            pytest.fail("the run did not start training: " + proc.communicate()[0][-2000:])
+        time.sleep(0.1)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("Ctrl-C not answered within 120 s")
+    waited = time.monotonic() - sent
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert waited < 60, f"Ctrl-C answered after {waited:.0f} s"
+    step = checkpoint.latest_step(run_dir)
+    assert step is not None and 0 < step < 2000000, out
+
+
 def test_sigterm_sebulba_continues_and_finishes(tmp_path):
     overrides = ["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.batch_size=4",
                  "env.recvs_per_chunk=8", "total_steps=200000", "log_interval=1024", "agent.learning_starts=512",

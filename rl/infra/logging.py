@@ -112,9 +112,11 @@ class RunLogger:
         if self.cfg.logger.progress:
             from tqdm.auto import tqdm
 
+            # smoothing=1: rate and ETA of the last sub-chunk (the host loop updates the bar after each), so
+            # they reflect training, not the faster acting-only steps before learning_starts.
             self._bar = tqdm(total=max(self.total_steps, start_step), initial=start_step, unit="step",
                              unit_scale=True, dynamic_ncols=True, desc=f"{self.cfg.agent.name}/{self.cfg.env.id}",
-                             postfix=self._postfix(None))
+                             postfix=self._postfix(None), smoothing=1.0)
         self._started = True
 
     def _postfix(self, sps: float | None) -> str:
@@ -167,8 +169,13 @@ class RunLogger:
         ret = f"return {self._recent:.2f}" if not math.isnan(self._recent) else NO_EPISODE
         self._file(f"env step {int(env_steps):,} per seed: {sps * self.num_seeds:,.0f} SPS (all seeds), {ret}")
         if self._bar is not None:
-            self._bar.total = max(self._bar.total, env_steps)  # a runner that rounded up without telling start()
             self._bar.set_postfix_str(self._postfix(sps), refresh=False)
+            self.progress(env_steps)
+
+    def progress(self, env_steps: int) -> None:
+        """Move the progress bar to `env_steps` (between logs)."""
+        if self._bar is not None:
+            self._bar.total = max(self._bar.total, env_steps)
             self._bar.update(env_steps - self._bar.n)
 
     def _append_csv(self, rows: list[dict]) -> None:

@@ -8,8 +8,10 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
 * one iteration = `agent.train_interval` vector env steps (act, env step, buffer add) for every seed, then
   one `agent.train_step` per seed once `agent.learning_starts` env steps have been taken and the buffer
   can sample; `steps_per_iter = num_envs * train_interval` env steps per seed.
-* `chunk(state, it, n)`: `n` iterations in one jitted scan, no host round-trip; per-seed summaries `[S]`
-  and, per train metric and for the parameters, the first env step where it was NaN/Inf (rl/runners/guard.py).
+* `chunk(state, it, totals, n)`: `n` iterations (a traced count: one compiled program for any `n`) in one
+  jitted loop, no host round-trip, adding their per-seed sums to `totals` (rl/runners/totals.py; with, per
+  train metric and for the parameters, the first env step where it was NaN/Inf: rl/runners/guard.py). The
+  host loop calls it for sub-chunks of a few seconds, so a signal is answered quickly.
 * Seeds are vmapped (seed i uses PRNGKey(cfg.seed + i)), except initialisation, which maps over seeds one
   at a time: a vmapped init batches the orthogonal initialisers' QR factorisations, and on XLA:CPU
   several batched LAPACK calls in flight at once can occupy every intra-op thread while each waits for
@@ -35,6 +37,7 @@ from rl.infra import sharding
 from rl.learning.agent import reset_carry
 from rl.runners import guard
 from rl.runners.evaluate import evaluate_seeds
+from rl.runners.totals import Totals
 
 
 @struct.dataclass
@@ -63,13 +66,14 @@ class Anakin:
         self.steps_per_iter = self.num_envs * int(self.agent.train_interval)
         self.learn_iter = max(math.ceil(self.agent.learning_starts / self.steps_per_iter), 1)
         self.total_iters = math.ceil(int(cfg.total_steps) / self.steps_per_iter)
+        self.train_from = (self.learn_iter - 1) * self.steps_per_iter  # env steps before the first train step
         # Several devices (cfg.mesh): same program, state placed by rl/infra/sharding.py; the host loop runs
         # under `session`, i.e. `sharding.use_mesh(self.mesh)`. One device: mesh and shardings are None.
         self.mesh = sharding.mesh_from_config(cfg.get("mesh"))
         sharding.check_divisible(self.mesh, seeds=self.num_seeds, num_envs=self.num_envs)
         self.state_shardings = None if self.mesh is None else sharding.runner_shardings(
             self.mesh, jax.eval_shape(self._init_all, jnp.arange(self.num_seeds)))
-        self.chunk = jax.jit(self._chunk, static_argnums=2, donate_argnums=0)
+        self.chunk = jax.jit(self._chunk, donate_argnums=(0, 2))
 
     # --- state --------------------------------------------------------------------------------------
     def _init_one(self, key: jax.Array) -> RunnerState:
@@ -117,33 +121,32 @@ class Anakin:
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return s.replace(agent=agent_state, buffer=buffer_state, key=keys[:, 0]), (metrics, bad)
 
-    def _iteration(self, carry, _):
-        s, it = carry
+    def _iteration(self, s: RunnerState, it: jax.Array, totals: Totals):
         s, finished = sharding.vmap_seeds(self._collect)(s)
         first_buffer = jax.tree_util.tree_map(lambda x: x[0], s.buffer)
         ready = (it + 1 >= self.learn_iter) & self.agent.buffer.can_sample(first_buffer)
         skipped = jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype),
                                          jax.eval_shape(self._train, s)[1])
         s, (metrics, bad) = jax.lax.cond(ready, self._train, lambda s: (s, skipped), s)
-        return (s, it + 1), (finished, metrics, bad, ready)
+        totals = totals.add_episodes(finished.count, finished.score, finished.length)
+        totals = totals.add_update(metrics, bad, ready, (it + 1) * self.steps_per_iter)
+        return s, it + 1, totals
 
-    def _chunk(self, s: RunnerState, it: jax.Array, num_iters: int):
-        """`num_iters` iterations; returns the state, the counter and per-seed summaries `[S]`."""
-        it0 = it
-        (s, it), (finished, metrics, bad, trained) = jax.lax.scan(self._iteration, (s, it), None, num_iters)
-        count = finished.count.sum(0)
-        n_train = trained.sum()
-        nan = jnp.float32(jnp.nan)
-        out = {
-            "episode_return": jnp.where(count > 0, finished.score.sum(0) / jnp.maximum(count, 1), nan),
-            "episode_length": jnp.where(count > 0, finished.length.sum(0) / jnp.maximum(count, 1), nan),
-            "episodes": count,
-        }
-        for k, v in metrics.items():
-            out[f"train/{k}"] = jnp.where(n_train > 0, v.sum(0) / jnp.maximum(n_train, 1), nan)
-        steps = (it0 + 1 + jnp.arange(num_iters)) * self.steps_per_iter
-        out["nonfinite"] = guard.first_bad_step(bad, steps)
-        return sharding.constrain(s, self.state_shardings), it, out
+    def zero_totals(self, s: RunnerState) -> Totals:
+        """Fresh `Totals` for the train metrics of this agent (traced once, then cached)."""
+        if getattr(self, "_names", None) is None:
+            metrics, bad = jax.eval_shape(self._train, s)[1]
+            self._names = (tuple(metrics), tuple(bad))
+        return Totals.zeros(self.num_seeds, *self._names)
+
+    def _chunk(self, s: RunnerState, it: jax.Array, totals: Totals, num_iters: jax.Array):
+        """`num_iters` (traced: one compiled program for every length) iterations; returns the state, the
+        counter and `totals` with their steps added."""
+        def body(_, c):
+            return self._iteration(*c)
+
+        s, it, totals = jax.lax.fori_loop(0, num_iters, body, (s, it, totals))
+        return sharding.constrain(s, self.state_shardings), it, totals
 
     # --- host-loop interface (rl/runners/loop.py) ------------------------------------------------------------
     def rounded_total(self, total_steps: int) -> int:
@@ -160,12 +163,14 @@ class Anakin:
         with sharding.use_mesh(self.mesh):
             yield self
 
-    def advance(self, state, env_steps: int, until: int):
-        """Whole iterations up to `until` env steps (at least one); one compiled chunk."""
+    def advance(self, state, env_steps: int, until: int, totals: Totals | None = None):
+        """Whole iterations up to `until` env steps (at least one) in one compiled call; returns the state,
+        the env steps reached and `totals` (None: fresh ones; donated) with the call's steps added."""
         s, it = state
         n = max((until - env_steps) // self.steps_per_iter, 1)
-        s, it, out = self.chunk(s, it, n)
-        return (s, it), env_steps + n * self.steps_per_iter, sharding.to_host(out)
+        totals = self.zero_totals(s) if totals is None else totals
+        s, it, totals = self.chunk(s, it, totals, np.int32(n))
+        return (s, it), env_steps + n * self.steps_per_iter, totals
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy returns `[S, episodes]` of every seed."""

@@ -3,32 +3,36 @@
 A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled parts:
 
     num_seeds: int                                   S, the leading axis of per-seed metrics
+    train_from: int                                  env steps before the first train step (acting only)
     rounded_total(total_steps) -> int                the env steps the run really ends at
     init() -> state                                  fresh runner state (any pytree of arrays)
     restore_target() -> abstract state               the structure `rl.infra.checkpoint.restore` fills
     place(state) -> state                            put a restored state where the runner wants it
     session(state, env_steps) -> context manager     what must run around the chunks (Sebulba's actor);
                                                      it yields an object with `advance`:
-    advance(state, env_steps, until) -> (state, env_steps, out)
-        train until about `until` env steps (per seed; the runner rounds to its own unit of work);
-        `out` holds per-seed arrays `[S]`
-        (`episode_return`, `episode_length`, `episodes`, `train/<metric>`) and `nonfinite`:
-        {name: first env step where it was NaN/Inf, or -1} (rl/runners/guard.py)
+    advance(state, env_steps, until) -> (state, env_steps, totals)
+        train until about `until` env steps (per seed; the runner rounds to its own unit of work, at
+        least one); `totals`: the call's `rl.runners.totals.Totals` on the host (per-seed sums, and
+        per metric the first env step where it was NaN/Inf; rl/runners/guard.py)
     evaluate(state, episodes, key) -> np.ndarray     greedy returns `[S, episodes]`
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
-dir whose newest checkpoint holds this runner's state; its config was checked by rl/experiment.py), log
-after every chunk of `cfg.log_interval` env steps (with `cfg.eval_interval`, the greedy return of
+dir whose newest checkpoint holds this runner's state; its config was checked by rl/experiment.py), train
+in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from the measured rate, so a signal is
+answered within seconds whatever the agent; the progress bar moves after each; a run that will take over
+an hour says so once training runs), log every `cfg.log_interval` env steps (with `cfg.eval_interval`, the greedy return of
 `cfg.eval_episodes` episodes per seed as `eval_return` in the log after each chunk that crosses a multiple of
 it), checkpoint every `cfg.checkpoint.interval` env steps
 and at the end, stop on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop
-cleanly on SIGTERM/SIGINT (`Preempted`), evaluate the greedy policy and return the result dict:
+cleanly on SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving
+aborts: `Aborted`, naming the checkpoint on disk), evaluate the greedy policy and return the result dict:
 `{"env_steps", "eval_returns" [S, K], "episode_return" [S] (last logged), "checkpoint", "run_dir",
 "state"}`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -39,6 +43,9 @@ import numpy as np
 
 from rl.infra import checkpoint
 from rl.runners import guard
+from rl.runners import totals as totals_lib
+
+SUBCHUNK_S = 10.0  # seconds of work per compiled call: how soon a signal is answered (plus a checkpoint)
 
 PREEMPT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR2") if hasattr(signal, n))
 
@@ -51,26 +58,59 @@ class Preempted(Exception):
         self.exit_code = 128 + signum
         self.resume_command = f"python -m scripts.train resume={self.run_dir.absolute()}"
         saved = f"checkpoint {checkpoint_path}" if checkpoint_path else "nothing saved (checkpoint.enabled=false)"
-        super().__init__(f"stopped by {signal.Signals(signum).name} after the current chunk; {saved}. "
+        super().__init__(f"stopped by {signal.Signals(signum).name} after the current sub-chunk; {saved}. "
                          f"Resume with: {self.resume_command}")
 
 
+class Aborted(KeyboardInterrupt):
+    """Training aborted by a repeated Ctrl-C (while checkpointing, or a third one); the message says which
+    checkpoint, if any, is on disk. Exit code 130."""
+
+    exit_code = 130
+
+    def __init__(self, run_dir: Path):
+        step = checkpoint.latest_step(run_dir)
+        if step is None:
+            saved = "nothing was saved (no checkpoint on disk)"
+        else:
+            saved = (f"newest checkpoint on disk: {checkpoint.checkpoints_dir(run_dir) / str(step)}; resume with: "
+                     f"python -m scripts.train resume={Path(run_dir).absolute()}")
+        super().__init__(f"aborted by a repeated Ctrl-C without saving this state; {saved}")
+
+
 class SignalWatch:
-    """While active, SIGTERM/SIGINT/SIGUSR2 set `self.signum` instead of killing the process; a second
-    SIGINT aborts at once (KeyboardInterrupt). Only the main thread can install handlers: elsewhere this is
+    """While active, SIGTERM/SIGINT/SIGUSR2 set `self.signum` instead of killing the process; the host loop
+    stops at the end of the current sub-chunk (a few seconds) and checkpoints. A second SIGINT while the
+    checkpoint is written (`saving()`), or a third at any time, aborts at once (KeyboardInterrupt; a
+    checkpoint is on disk only once complete). Only the main thread can install handlers: elsewhere this is
     a no-op. `chain()` hands the signal on to the handler that was there before (submitit's requeue)."""
 
     def __init__(self, note=print):
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
         self._note = note
+        self._count = 0
+        self._saving = False
 
     def _handle(self, signum, frame):
         if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            self._count += 1
+            if self._saving or self._count >= 2:
+                raise KeyboardInterrupt
+            self._note("already stopping: the sub-chunk in progress ends within seconds, then the checkpoint is "
+                       "written (Ctrl-C during the save, or once more, aborts without saving)")
+            return
         self.signum = signum
-        self._note(f"{signal.Signals(signum).name} received: finishing the current chunk, then checkpointing "
-                   "(Ctrl-C again aborts without saving)")
+        self._note(f"{signal.Signals(signum).name} received: stopping after the current sub-chunk (seconds), "
+                   "then checkpointing")
+
+    @contextlib.contextmanager
+    def saving(self):
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -90,28 +130,31 @@ class SignalWatch:
             previous(self.signum, None)
 
 
-def _save(cfg, logger, env_steps: int, state) -> Path | None:
+def _save(cfg, logger, env_steps: int, state, partial: dict | None = None) -> Path | None:
+    """Checkpoint `state` (with `partial`, the sums of an unfinished log interval, in its metadata)."""
     if not cfg.checkpoint.enabled:
         return None
+    extra = {} if partial is None else {"partial_interval": partial}
     return checkpoint.save(logger.run_dir / "checkpoints", env_steps, state,
-                           checkpoint.make_meta(cfg, env_steps, logger), keep=int(cfg.checkpoint.keep))
+                           checkpoint.make_meta(cfg, env_steps, logger, **extra), keep=int(cfg.checkpoint.keep))
 
 
 def _start(cfg, runner, logger, resume_from):
-    """`(state, env_steps)` fresh or restored (from `resume_from`, the run dir the logger writes to), with
-    the logger started."""
-    env_steps, wandb_id, history = 0, None, []
+    """`(state, env_steps, unfinished log interval or None)` fresh or restored (from `resume_from`, the run
+    dir the logger writes to), with the logger started."""
+    env_steps, wandb_id, history, partial = 0, None, [], None
     if resume_from is not None:
         state, meta = checkpoint.restore(resume_from, runner.restore_target())
         state = runner.place(state)
         env_steps, wandb_id, history = int(meta["env_steps"]), meta.get("wandb_id"), meta.get("history", [])
+        partial = meta.get("partial_interval")
     else:
         state = runner.init()
     logger.start(start_step=env_steps, num_seeds=runner.num_seeds, wandb_id=wandb_id, history=history,
                  total_steps=runner.rounded_total(int(cfg.total_steps)))
     if resume_from is not None:
         logger.note(f"resumed from {Path(resume_from).absolute()} at env step {env_steps}")
-    return state, env_steps
+    return state, env_steps, partial
 
 
 def _greedy_return(cfg, runner, state, env_steps: int) -> np.ndarray:
@@ -120,22 +163,77 @@ def _greedy_return(cfg, runner, state, env_steps: int) -> np.ndarray:
     return np.nanmean(runner.evaluate(state, int(cfg.eval_episodes), key), axis=1)
 
 
-def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt: Path | None):
-    """Chunks until the total (or a signal); returns `(state, env_steps, last metrics, last checkpoint)`."""
+class Pace:
+    """Sizes the sub-chunks: each compiled call is asked for about `SUBCHUNK_S` seconds of work at the rate
+    the previous call ran (the first call, which compiles, and the first after `train_from`, where train
+    steps begin, do one unit of work), never across `train_from`. Once training runs, a run whose remaining
+    steps need over an hour at that rate says so once (`eta_note`)."""
+
+    def __init__(self, train_from: int, total: int):
+        self.train_from, self.total = train_from, total
+        self.rate: float | None = None  # env steps per second of the last call
+        self.training_calls = 0
+        self.warned = False
+
+    def next_until(self, env_steps: int, until: int) -> int:
+        """The env step the next call should stop at (<= `until`; the runner rounds up to one unit)."""
+        if env_steps < self.train_from:
+            until = min(until, self.train_from)
+        return min(until, env_steps + (1 if self.rate is None else max(int(self.rate * SUBCHUNK_S), 1)))
+
+    def record(self, start: int, end: int, seconds: float) -> None:
+        """A call trained from `start` to `end` env steps in `seconds`."""
+        reached_training = start < self.train_from <= end  # the acting-only rate says nothing about training
+        self.rate = None if reached_training else (end - start) / max(seconds, 1e-9)
+        if start >= self.train_from:
+            self.training_calls += 1
+
+    def eta_note(self, env_steps: int, num_seeds: int) -> str | None:
+        """Once, from the second training call on: a line when the rest of the run takes over an hour."""
+        if self.warned or self.training_calls < 2 or self.rate is None:
+            return None
+        self.warned = True
+        eta = (self.total - env_steps) / self.rate
+        if eta <= 3600:
+            return None
+        return (f"training runs at {self.rate * num_seeds:,.0f} env steps/s (all seeds): the remaining "
+                f"{self.total - env_steps:,} env steps per seed take about {eta / 3600:.1f} h; lower total_steps "
+                "for a shorter run (README: Atari on a CPU)")
+
+
+def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt: Path | None,
+           partial: dict | None):
+    """Log intervals, each trained in sub-chunks, until the total or a signal (which stops after the
+    sub-chunk in progress). `partial`: a checkpoint's unfinished interval (`{"start", "totals"}`), continued.
+    Returns `(state, env_steps, last metrics, last checkpoint, the unfinished interval or None)`."""
     total = runner.rounded_total(int(cfg.total_steps))
     log_every, ckpt_every = int(cfg.log_interval), int(cfg.checkpoint.interval)
     eval_every = int(cfg.get("eval_interval", 0))
+    pace = Pace(runner.train_from, total)
     last, first = {}, True
     with runner.session(state, env_steps) as session:
         while env_steps < total and watch.signum is None:
-            t0, before = time.perf_counter(), env_steps
-            until = min((env_steps // log_every + 1) * log_every, total)
-            state, env_steps, out = session.advance(state, env_steps, until)
+            before, totals = env_steps, None
+            if partial is not None:
+                before, totals, partial = int(partial["start"]), totals_lib.from_json(partial["totals"]), None
+            until = min((before // log_every + 1) * log_every, total)
+            while env_steps < until and watch.signum is None:
+                t0, start = time.perf_counter(), env_steps
+                state, env_steps, totals = session.advance(state, env_steps, pace.next_until(env_steps, until),
+                                                           totals)
+                jax.block_until_ready(totals)
+                seconds = time.perf_counter() - t0
+                pace.record(start, env_steps, seconds)
+                if first:
+                    logger.note(f"first call (compile + {env_steps - start} env steps per seed): {seconds:.1f}s")
+                    first = False
+                logger.progress(env_steps)
+                if (eta := pace.eta_note(env_steps, runner.num_seeds)) is not None:
+                    logger.note(eta)
+            if env_steps < until:  # stopped inside the interval: its sums go into the checkpoint
+                return state, env_steps, last, ckpt, {"start": before, "totals": totals_lib.to_json(totals)}
+            out = totals_lib.summarise(totals)
             nonfinite = out.pop("nonfinite", {})
-            if first:
-                logger.note(f"first chunk (compile + {env_steps - before} env steps per seed): "
-                            f"{time.perf_counter() - t0:.1f}s")
-                first = False
             if eval_every and env_steps // eval_every > before // eval_every:
                 out["eval_return"] = _greedy_return(cfg, runner, state, env_steps)
             logger.log(env_steps, out)
@@ -143,19 +241,26 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
             last = out
             if ckpt_every and env_steps // ckpt_every > before // ckpt_every:
                 ckpt = _save(cfg, logger, env_steps, state) or ckpt
-    return state, env_steps, last, ckpt
+    return state, env_steps, last, ckpt, None
 
 
 def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
     """Train with `runner` (see the module docstring); raises `Preempted` after a signal's checkpoint and
     `rl.runners.guard.NonFiniteError` on NaN/Inf (with `on_nonfinite: stop`)."""
-    state, env_steps = _start(cfg, runner, logger, resume_from)
+    state, env_steps, partial = _start(cfg, runner, logger, resume_from)
     # A run resumed from its final checkpoint (stopped before its summary) has nothing new to save.
     ckpt = checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from is not None else None
     with SignalWatch(logger.note) as watch:
-        state, env_steps, last, ckpt = _train(cfg, runner, logger, state, env_steps, watch, ckpt)
-        if ckpt is None or ckpt.name != str(env_steps):
-            ckpt = _save(cfg, logger, env_steps, state) or ckpt
+        try:
+            state, env_steps, last, ckpt, partial = _train(cfg, runner, logger, state, env_steps, watch, ckpt,
+                                                           partial)
+            if ckpt is None or ckpt.name != str(env_steps):
+                with watch.saving():
+                    ckpt = _save(cfg, logger, env_steps, state, partial) or ckpt
+        except KeyboardInterrupt:
+            aborted = Aborted(logger.run_dir)
+            logger.note(str(aborted))
+            raise aborted from None
         if ckpt is not None:
             logger.paths["checkpoint"] = ckpt
         if watch.signum is not None:

@@ -54,7 +54,7 @@ from rl.envs.envpool_env import build_source, use_xla
 from rl.envs.envpool_source import EnvpoolSource, track
 from rl.infra import sharding
 from rl.runners.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
-from rl.runners.sebulba_learner import Learner, summarise
+from rl.runners.sebulba_learner import Learner
 
 # Donating the learner key or a step counter XLA cannot reuse only warns; the storage is what matters.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -109,6 +109,7 @@ class Sebulba:
             raise ConfigError(f"agent.batch_size={agent.batch_size} is not divisible by the "
                               f"{len(self.learner_devices)} learner devices (env.learner_devices)")
         self.learner = Learner(agent, num_envs, cfg.get("on_nonfinite", "stop"))
+        self.train_from = self.learner.train_from
         xla = use_xla(self.env_cfg)
         if threads == 1:
             self.sources = [source]
@@ -156,10 +157,11 @@ class Sebulba:
         """Initial `{"agent", "buffer", "key", "actor_key"}` from `cfg.seed`, on the learner devices."""
         k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(int(self.cfg.seed)), 3)
         obs = self.source.obs_example()
-        # Jitted (eager network init is slow), then copied: leaves that share a buffer (e.g. target params =
-        # params at init) cannot be donated together.
-        agent_state = self.copy(jax.jit(self.agent.init)(k_agent, obs))
-        buffer_state = self.copy(jax.jit(lambda: self.agent.buffer.init(self.agent.step_prototype(obs)))())
+        # Jitted (eager network init is slow); leaves that share a buffer (target params = params at init, if
+        # XLA returns one buffer for both) cannot be donated together, so those are copied (not all: a copy of
+        # the whole replay buffer would double the peak memory).
+        agent_state = _unshared(jax.jit(self.agent.init)(k_agent, obs))
+        buffer_state = _unshared(jax.jit(lambda: self.agent.buffer.init(self.agent.step_prototype(obs)))())
         return self.place({"agent": agent_state, "buffer": buffer_state, "key": k_learn, "actor_key": k_act})
 
     def restore_target(self):
@@ -227,15 +229,17 @@ class _Session:
         self.chunks = 0
         self.update_s = 0.0
 
-    def advance(self, state, env_steps: int, until: int):
-        """Actor chunks (each written, then trained on) until `until` env steps; returns the log values."""
+    def advance(self, state, env_steps: int, until: int, totals=None):
+        """Actor chunks (each written, then trained on) until `until` env steps (at least one); returns the
+        state, the env steps reached and `totals` (rl/runners/totals.py; None: fresh ones; donated) with
+        their steps added."""
         r, learner = self.runner, self.runner.learner
         agent, buffer, key = state["agent"], state["buffer"], state["key"]
         with sharding.use_mesh(r.mesh):
-            totals = learner.zero_totals(agent, buffer)
+            totals = learner.zero_totals(agent, buffer) if totals is None else totals
             if r.shardings is not None and (r.mesh is not None or r.learner_devices[0] != jax.devices()[0]):
                 totals = jax.device_put(totals, r._chunk_sharding())
-            while env_steps < until:
+            while True:
                 chunk = self.actors.get()
                 t0 = time.perf_counter()
                 before, env_steps = env_steps, env_steps + r.steps_per_chunk
@@ -247,10 +251,28 @@ class _Session:
                     for d, v in r.publish(agent).items():
                         self.mailboxes[d].put(v)
                 self.update_s += time.perf_counter() - t0
-        return {**state, "agent": agent, "buffer": buffer, "key": key}, env_steps, summarise(totals)
+                if env_steps >= until:
+                    break
+        return {**state, "agent": agent, "buffer": buffer, "key": key}, env_steps, totals
 
     def stats(self) -> dict:
         return {**self.actors.stats(), "learner_update_s": self.update_s, "chunks": self.chunks}
+
+
+def _unshared(tree):
+    """`tree` with every leaf in a buffer of its own: a leaf whose buffer an earlier leaf holds is copied."""
+    seen = set()
+
+    def own(x):
+        if isinstance(x, jax.core.Tracer):  # traced (restore_target's eval_shape): no buffers yet
+            return x
+        ptr = x.unsafe_buffer_pointer()
+        if ptr in seen:
+            return jnp.copy(x)
+        seen.add(ptr)
+        return x
+
+    return jax.tree_util.tree_map(own, tree)
 
 
 def evaluate(agent, agent_state, env_cfg, episodes: int, seed: int, key: jax.Array,

@@ -15,24 +15,10 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import struct
 
 from rl.runners import guard
 from rl.runners.sebulba_actor import Chunk
-
-
-@struct.dataclass
-class Totals:
-    """Sums since the last log: episodes ended, their scores and lengths, train steps and metric sums, and
-    per metric (and "params") the first env step where it was non-finite (`guard.NOT_SEEN` if none)."""
-
-    episodes: jax.Array
-    score: jax.Array
-    length: jax.Array
-    updates: jax.Array
-    metrics: dict
-    nonfinite: dict
+from rl.runners.totals import Totals
 
 
 class Learner:
@@ -44,18 +30,11 @@ class Learner:
 
     def zero_totals(self, agent_state, buffer_state) -> Totals:
         # The metric names, from an abstract train step traced once (tracing it costs milliseconds: the host
-        # loop asks for fresh totals at every log interval, a benchmark at every chunk).
+        # loop asks for fresh totals at every sub-chunk, a benchmark at every chunk).
         if getattr(self, "_names", None) is None:
             metrics, bad = jax.eval_shape(self.train_step, agent_state, buffer_state, jax.random.PRNGKey(0))[2:]
             self._names = (tuple(metrics), tuple(bad))
-        metrics, bad = self._names
-
-        def zf():  # a distinct buffer per leaf: the totals are donated
-            return jnp.zeros((), jnp.float32)
-
-        return Totals(episodes=zf(), score=zf(), length=zf(), updates=jnp.zeros((), jnp.int32),
-                      metrics={k: zf() for k in metrics},
-                      nonfinite={k: jnp.full((), guard.NOT_SEEN, jnp.int32) for k in bad})
+        return Totals.zeros(1, *self._names)
 
     def _update(self, agent_state, buffer_state, key, totals: Totals, chunk: Chunk, num_updates, env_steps):
         agent = self.agent
@@ -70,9 +49,7 @@ class Learner:
             s, b, k, t = c
             k, sub = jax.random.split(k)
             s, b, m, bad = self.train_step(s, b, sub)
-            metrics = {n: t.metrics[n] + jnp.asarray(m[n], jnp.float32) for n in t.metrics}
-            nonfinite = {n: jnp.where((v == guard.NOT_SEEN) & bad[n], env_steps, v) for n, v in t.nonfinite.items()}
-            return s, b, k, t.replace(updates=t.updates + 1, metrics=metrics, nonfinite=nonfinite)
+            return s, b, k, t.add_update(m, bad, True, env_steps)
 
         def body(_, c):
             return jax.lax.cond(agent.buffer.can_sample(c[1]), train, lambda c: c, c)
@@ -81,24 +58,14 @@ class Learner:
             0, num_updates, body, (agent_state, buffer_state, key, totals))
         ep = chunk.episodes
         ended = ep.ended.astype(jnp.float32)
-        totals = totals.replace(episodes=totals.episodes + ended.sum(), score=totals.score + (ep.score * ended).sum(),
-                                length=totals.length + (ep.length * ended).sum())
+        totals = totals.add_episodes(ended.sum(), (ep.score * ended).sum(), (ep.length * ended).sum())
         return agent_state, buffer_state, key, totals
+
+    @property
+    def train_from(self) -> int:
+        """The env step at which the first train step is owed."""
+        return max(math.ceil(self.agent.learning_starts / self.steps_per_update), 1) * self.steps_per_update
 
     def updates_due(self, env_steps: int) -> int:
         """Train steps owed after `env_steps` env steps (cumulative)."""
-        first = max(math.ceil(self.agent.learning_starts / self.steps_per_update), 1)
-        return max(env_steps // self.steps_per_update - first + 1, 0)
-
-
-def summarise(totals: Totals) -> dict:
-    """Host-side log values (per-seed arrays `[1]`) and `nonfinite` from the totals of one log interval."""
-    t = jax.device_get(totals)
-    n, u = float(t.episodes), int(t.updates)
-    out = {"episode_return": np.array([t.score / n if n else np.nan]),
-           "episode_length": np.array([t.length / n if n else np.nan]),
-           "episodes": np.array([n])}
-    for k, v in t.metrics.items():
-        out[f"train/{k}"] = np.array([v / u if u else np.nan])
-    out["nonfinite"] = {k: int(v) for k, v in t.nonfinite.items()}
-    return out
+        return max((env_steps - self.train_from) // self.steps_per_update + 1, 0)

@@ -68,7 +68,7 @@ def learner_case(out: str) -> None:
             hlo = learner.update.lower(*args).compile().as_text()
             a, b, _, tot = learner.update(*args)
         params = [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(a.params)]
-        return params, int(tot.updates), "all-reduce" in hlo, sorted({str(x.sharding) for x in
+        return params, int(tot.updates[0]), "all-reduce" in hlo, sorted({str(x.sharding) for x in
                                                                        jax.tree_util.tree_leaves(b)})[:3]
 
     p1, u1, ar1, _ = run(None)
