@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
 from rl.config import ConfigError, check_resumable, check_top_level, compose, env_config, resume_config
-from rl.infra import checkpoint
+from rl.infra import checkpoint, memory
 from rl.runners import loop
 
 
@@ -115,6 +115,7 @@ def _warn_idle(cfg: DictConfig, runner, note) -> None:
 
 def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     """Train `cfg` into `run_dir` (or continue the run it resumes); returns the host loop's result dict.
+    A run whose state would not fit the memory is refused first (`ConfigError`, rl/infra/memory.py).
 
     `overrides`: the command line that composed `cfg` (used to resume: see the module docstring); None
     compares the whole config with a resumed run's."""
@@ -125,8 +126,11 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
     runner = build(cfg)
+    need = memory.check(runner, cfg)  # before anything is allocated or written
     logger = RunLogger(cfg, run_dir)
     try:
+        if need.total > memory.GB:
+            logger.note(f"memory: this run holds about {need.describe()}")
         _warn_idle(cfg, runner, logger.note)
         return loop.run(cfg, runner, logger, resume_from)
     finally:

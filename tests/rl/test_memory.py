@@ -1,0 +1,67 @@
+"""The memory estimate (exact from shapes x dtypes, Atari frames kept uint8) and the refusal of a run that
+does not fit, before anything is allocated or written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl.config import ConfigError, compose
+from rl.experiment import build, run
+from rl.infra import memory
+
+ROOT = Path(__file__).resolve().parents[2]
+FRAME_STACK = 4 * 84 * 84  # bytes of one uint8 Atari observation
+
+
+def test_estimate_counts_the_buffer_from_shapes_with_uint8_frames():
+    cfg = compose(["agent=dqn", "env=envpool/pong", "logger=none", "agent.buffer_size=100000"])
+    est = memory.estimate(build(cfg), cfg)
+    frames = 2 * 100_000 * FRAME_STACK  # obs and next_obs, one byte per pixel
+    assert frames <= est.buffer <= 1.01 * frames, est  # float32 frames would be 4x
+    assert 0 < est.agent < 0.1 * memory.GB
+    assert est.save_copy == 100_000 * FRAME_STACK  # the largest array: one of the two frame arrays
+    no_ckpt = memory.estimate(build(cfg), compose(["agent=dqn", "env=envpool/pong", "checkpoint.enabled=false",
+                                                   "agent.buffer_size=100000"]))
+    assert no_ckpt.save_copy == 0 and no_ckpt.total == est.total - est.save_copy
+
+
+def test_a_run_that_does_not_fit_is_refused_before_allocating(tmp_path, monkeypatch):
+    from rl.runners import loop
+
+    monkeypatch.setattr(memory, "available", lambda: (8 * 10**9, "test memory"))
+    monkeypatch.setattr(loop, "run", lambda *a: pytest.fail("the host loop (which allocates the state) started"))
+    cfg = compose(["agent=muesli", "env=envpool/pong", "logger=none"])  # the paper's 1.5M-step buffer
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path / "run")
+    msg = str(err.value)
+    est = memory.estimate(build(cfg), cfg)
+    assert msg.startswith(f"this run needs about {est.describe()}, ") and "\n" not in msg
+    assert 42.3 < est.buffer / memory.GB < 42.4  # 1.5M uint8 frame stacks (28 kB each) and the rest of a step
+    assert "more than 90% of the 8.0 GB of test memory" in msg and "agent.buffer_size (now 1500000)" in msg
+    assert not (tmp_path / "run").exists()
+    seeds = compose(["agent=dqn", "env=breakout-minatar", "seeds=3", "agent.buffer_size=10000000"])
+    with pytest.raises(ConfigError, match=r"or seeds \(now 3: one buffer each\)"):
+        run(seeds, tmp_path / "seeds")
+
+
+def test_large_runs_print_their_estimate(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "GB", 1000)  # "over 1 GB": over 1 kB here
+    run(compose(["agent=dqn", "env=cartpole", "logger=none", "total_steps=200", "eval_episodes=0",
+                 "agent.learning_starts=100", "log_interval=100"]), tmp_path)
+    assert "memory: this run holds about" in (tmp_path / "train.log").read_text()
+
+
+def test_cli_refusal_is_one_line_and_leaves_no_run_dir(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "scripts.train", "agent=dqn", "env=breakout-minatar",
+                           "agent.buffer_size=1000000000", f"hydra.run.dir={out}"], check=False, cwd=ROOT,
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "WANDB_MODE": "disabled"})
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: this run needs about"), proc.stderr
+    assert not out.exists()
