@@ -46,6 +46,7 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -181,6 +182,35 @@ def command(run: Run, resume: bool) -> list[str]:
     return [sys.executable, "-m", "scripts.train", *run.overrides, *extra, f"hydra.run.dir={run.run_dir.absolute()}"]
 
 
+_LIVE: set[subprocess.Popen] = set()  # training subprocesses running now (several with jobs > 1)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The driver was stopped (Ctrl-C, SIGTERM) after the run in progress checkpointed; one line to print."""
+
+
+def _call(cmd: list[str], log, env: dict[str, str], name: str) -> int:
+    """Run the training subprocess in its own session (a terminal's Ctrl-C reaches only this driver) and
+    hand a Ctrl-C or SIGTERM of the driver on to it as one SIGINT: the run checkpoints within seconds and
+    this raises `Interrupted` saying how to resume. A second Ctrl-C is handed on too (the run aborts its save)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    _LIVE.add(proc)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        print(f"[benchmark] stopping: {name} checkpoints and exits (Ctrl-C again aborts its save)", flush=True)
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait()
+        raise Interrupted(f"stopped: {name} exited with {rc} after checkpointing; run the same command again to "
+                          "resume the suite") from None
+    finally:
+        _LIVE.discard(proc)
+
+
 def train(run: Run, env: dict[str, str]) -> dict:
     """Train (or resume, or skip) one run; returns `{"status": done|failed, "attempted": bool}`."""
     state = state_of(run)
@@ -204,7 +234,7 @@ def train(run: Run, env: dict[str, str]) -> dict:
         with (run.run_dir / "console.log").open("a") as log:
             log.write(f"\n$ {shlex.join(cmd)}\n")
             log.flush()
-            rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+            rc = _call(cmd, log, env, f"{run.task}/{run.agent}")
     finally:  # also on Ctrl-C: the attempt's time is kept for the run's wall time
         attempt["wall_s"] = time.perf_counter() - t0
         attempt["returncode"] = rc
@@ -452,6 +482,12 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "benchmark_config.yaml").write_text(OmegaConf.to_yaml(cfg))
     missing = [r for r in runs if state_of(r) != "done"]
+    if cfg.report_only and not any((r.run_dir / f).exists() for r in runs for f in ("metrics.csv", "summary.json")):
+        hours = cfg.suite.get("cpu_hours")
+        took = f" (the whole suite: about {hours} h on a 2-core CPU)" if hours and not s["quick"] else ""
+        print(f"[benchmark] nothing has run yet in {out_dir}: nothing to report. Train it with "
+              f"`{cmd.replace(' report_only=true', '')}`{took}.", flush=True)
+        return {"out_dir": out_dir, "rows": [], "trained": [], "failed": []}
     todo = [] if cfg.report_only else missing
     print(f"[benchmark] {cfg.suite.name}: {len(runs)} runs ({len(runs) - len(missing)} already done"
           f"{', report only: none trained' if cfg.report_only else ''}), "
@@ -460,8 +496,14 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
     if int(cfg.jobs) > 1:
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # runs share the device's memory
     if int(cfg.jobs) > 1:
-        with ThreadPoolExecutor(max_workers=int(cfg.jobs)) as pool:
-            results = list(pool.map(lambda r: train(r, env), todo))
+        try:
+            with ThreadPoolExecutor(max_workers=int(cfg.jobs)) as pool:
+                results = list(pool.map(lambda r: train(r, env), todo))
+        except KeyboardInterrupt:  # only this thread sees it: hand it on to every run in progress
+            for proc in list(_LIVE):
+                proc.send_signal(signal.SIGINT)
+            raise Interrupted("stopped: the runs in progress checkpointed; run the same command again to resume "
+                              "the suite") from None
     else:
         results = [train(r, env) for r in todo]
     outcomes = dict(zip([f"{r.task}/{r.agent}" for r in todo], results))
@@ -486,10 +528,14 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     cmd = "python -m scripts.benchmark " + " ".join(HydraConfig.get().overrides.task)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the suite as Ctrl-C does
     try:
         result = run_benchmark(cfg, cmd.strip())
     except BenchmarkError as e:
         sys.exit(f"benchmark: {e}")
+    except Interrupted as e:
+        print(f"[benchmark] {e}", file=sys.stderr)
+        sys.exit(130)
     if result["failed"]:
         sys.exit(f"benchmark: {len(result['failed'])} run(s) failed: {', '.join(result['failed'])}")
 

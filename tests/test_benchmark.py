@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from rl.config import compose
 from rl.experiment import validate
-from scripts.benchmark import RECORD, BenchmarkError, plan, run_benchmark
+from scripts.benchmark import RECORD, BenchmarkError, plan, run_benchmark, state_of
 
 # Tiny DQN runs (tests/conftest.py's TINY_DQN sizes), appended to every run's training overrides.
 TINY = ["num_envs=4", "log_interval=200", "eval_episodes=2", "agent.learning_starts=100", "agent.batch_size=16",
@@ -80,11 +80,11 @@ def test_an_attempt_is_on_record_before_it_runs_and_a_killed_one_leaves_the_wall
 
     seen = []
 
-    def killed(cmd, **kwargs):  # the subprocess as the record sees it mid-run; then the process "dies"
+    def killed(cmd, *args):  # the subprocess as the record sees it mid-run; then the process "dies"
         seen.append(json.loads((tmp_path / "runs" / "cartpole_masked" / "dqn" / RECORD).read_text()))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench.subprocess, "call", killed)
+    monkeypatch.setattr(bench, "_call", killed)
     cfg = bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", f"out_dir={tmp_path}")
     with pytest.raises(KeyboardInterrupt):
         run_benchmark(cfg)
@@ -166,11 +166,13 @@ def test_tiny_suite_writes_results_and_redoes_only_missing_runs(tmp_path):
 
 @pytest.mark.slow
 def test_quick_minatar_suite(tmp_path):
-    """`suite=minatar quick=true`: 200k steps, 1 seed, 2 games, DQN and Muesli, end to end."""
-    res = run_benchmark(compose(["suite=minatar", "quick=true", f"out_dir={tmp_path}"], config_name="benchmark"))
+    """`suite=minatar quick=true`, 1 seed, 2 games, DQN and Muesli, end to end, with 30k instead of the
+    quick 200k steps (about 10 minutes on 2 CPU cores: the slow tests share CI's 90 minutes)."""
+    res = run_benchmark(compose(["suite=minatar", "quick=true", "quick_steps=30000", f"out_dir={tmp_path}"],
+                                config_name="benchmark"))
     assert res["failed"] == [] and len(res["rows"]) == 4
     rows = _rows(tmp_path)
-    assert all(r["status"] == "done" and int(r["env_steps"]) >= 200_000 for r in rows.values())
+    assert all(r["status"] == "done" and int(r["env_steps"]) >= 30_000 for r in rows.values())
     assert (tmp_path / "results.md").exists() and (tmp_path / "learning_curves.png").exists()
 
 
@@ -194,3 +196,50 @@ def test_results_dir_publishes_tables_and_each_runs_files_but_no_checkpoints(tmp
     assert "runs/cartpole_masked/dqn" in (results / "results.md").read_text()
     assert (results / "learning_curves.png").stat().st_size > 0
     assert not list(results.rglob("checkpoints"))
+
+
+def test_report_on_a_fresh_out_dir_says_nothing_has_run_and_how_long_the_suite_takes(tmp_path, capsys):
+    res = run_benchmark(compose(["suite=minatar", "report_only=true", f"out_dir={tmp_path}"],
+                                config_name="benchmark"), "python -m scripts.benchmark suite=minatar report_only=true")
+    out = capsys.readouterr().out
+    assert f"nothing has run yet in {tmp_path}" in out and "`python -m scripts.benchmark suite=minatar`" in out
+    assert "about 25 h on a 2-core CPU" in out
+    assert res["rows"] == [] and not (tmp_path / "results.md").exists() and not (tmp_path / "learning_curves.png").exists()
+
+
+def test_ctrl_c_in_the_driver_checkpoints_the_run_and_exits_cleanly(tmp_path):
+    """SIGINT to the driver alone (the run is in its own session): the run in progress checkpoints within
+    seconds, the driver prints one line and exits 130, no traceback; the run is left resumable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    extra = "extra_overrides=[" + ",".join(f"'{o}'" for o in [*TINY, "log_interval=2000000"]) + "]"
+    cmd = [sys.executable, "-m", "scripts.benchmark", "suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]",
+           "seeds=1", "total_steps=2000000", f"out_dir={tmp_path}", extra]
+    proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, "WANDB_MODE": "disabled"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "runs" / "cartpole_masked" / "dqn" / "train.log"
+    t0 = time.monotonic()
+    while "first call" not in (log.read_text() if log.exists() else ""):
+        if proc.poll() is not None or time.monotonic() - t0 > 240:
+            proc.kill()
+            pytest.fail("the run did not start training: " + "".join(proc.communicate()))
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the driver did not stop within 120 s of Ctrl-C")
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("[benchmark] stopped: cartpole_masked/dqn")
+    run_dir = log.parent
+    assert (run_dir / "checkpoints").is_dir() and not (run_dir / "summary.json").exists()
+    _, runs = plan(bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", "seeds=1",
+                             "total_steps=2000000", f"out_dir={tmp_path}", extra=[*TINY, "log_interval=2000000"]))
+    assert [state_of(r) for r in runs] == ["resume"]  # the same command again resumes it
