@@ -5,6 +5,7 @@ launchers are skipped), and the lines marked `(quick)` run for real."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -50,6 +51,9 @@ def _overrides(command: str) -> list[list[str]]:
     return [list(c) for c in itertools.product(*options)]
 
 
+QUICK_CLAIMS = {line.split("python -m", 1)[1].partition("#")[0].strip(): line.partition("#")[2]
+                for line in (ROOT / "README.md").read_text().splitlines()
+                if "python -m scripts.train" in line and "(quick)" in line}
 LINES = [(c, q) for c, q in _train_lines() if "<" not in c and "launcher=" not in c and "sweeper=" not in c]
 
 
@@ -70,4 +74,7 @@ def test_quick_command_runs(command, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "scripts.train", *args], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "summary.json").exists() and (tmp_path / "metrics.csv").exists()
+    assert (tmp_path / "metrics.csv").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    if "return 500" in QUICK_CLAIMS.get(command, ""):  # the README's first run says it learns CartPole
+        assert min(summary["eval_return_mean"]) >= 450, summary
