@@ -20,12 +20,12 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
 dir whose newest checkpoint holds this runner's state; its config was checked by rl/experiment.py), train
 in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from the measured rate, so a signal is
 answered within seconds whatever the agent; the progress bar moves after each; a run that will take over
-an hour says so once training runs), log every `cfg.log_interval` env steps (with `cfg.eval_interval`, the greedy return of
-`cfg.eval_episodes` episodes per seed as `eval_return` in the log after each chunk that crosses a multiple of
-it), checkpoint every `cfg.checkpoint.interval` env steps
-and at the end, stop on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop
-cleanly on SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving
-aborts: `Aborted`, naming the checkpoint on disk), evaluate the greedy policy and return the result dict:
+an hour says so once training runs), log every `cfg.log_interval` env steps (with `cfg.eval_interval`,
+the greedy return of `cfg.eval_episodes` episodes per seed as `eval_return` in the log of each interval
+that crosses a multiple of it), checkpoint every `cfg.checkpoint.interval` env steps and at the end, stop
+on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop cleanly on
+SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving aborts:
+`Aborted`, naming the checkpoint on disk), evaluate the greedy policy and return the result dict:
 `{"env_steps", "eval_returns" [S, K], "episode_return" [S] (last logged), "checkpoint", "run_dir",
 "state"}`.
 """
