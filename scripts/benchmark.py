@@ -528,7 +528,10 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     cmd = "python -m scripts.benchmark " + " ".join(HydraConfig.get().overrides.task)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the suite as Ctrl-C does
+    # Ctrl-C and SIGTERM stop the suite (KeyboardInterrupt), also where the driver was started with SIGINT
+    # ignored (a background job of a script, a pytest-xdist worker: ignored signals are inherited).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         result = run_benchmark(cfg, cmd.strip())
     except BenchmarkError as e:
