@@ -10,10 +10,11 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
     place(state) -> state                            put a restored state where the runner wants it
     session(state, env_steps) -> context manager     what must run around the chunks (Sebulba's actor);
                                                      it yields an object with `advance`:
-    advance(state, env_steps, until) -> (state, env_steps, totals)
+    advance(state, env_steps, until, totals) -> (state, env_steps, totals)
         train until about `until` env steps (per seed; the runner rounds to its own unit of work, at
-        least one); `totals`: the call's `rl.runners.totals.Totals` on the host (per-seed sums, and
-        per metric the first env step where it was NaN/Inf; rl/runners/guard.py)
+        least one), adding to `totals` (the log interval's `rl.runners.totals.Totals` so far, on the
+        device and donated; None: fresh ones) the per-seed sums and, per metric, the first env step
+        where it was NaN/Inf (rl/runners/guard.py)
     evaluate(state, episodes, key) -> np.ndarray     greedy returns `[S, episodes]`
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
