@@ -89,7 +89,7 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
     chunk = rollout._stack(rows)
     totals = learner.zero_totals(agent_state, buffer_state)
     agent_state, buffer_state, key, totals = learner.update(agent_state, buffer_state, key, totals, chunk,
-                                                            np.int32(0), np.int32(0))
+                                                            np.bool_(True), np.int32(0), np.int32(0))
     data, written = rows_of(buffer_state)
     for e in range(E):
         assert written[e] == len(ref[e]), f"env {e}: {written[e]} steps written, reference has {len(ref[e])}"

@@ -173,6 +173,7 @@ class Pace:
     def __init__(self, train_from: int, total: int):
         self.train_from, self.total = train_from, total
         self.rate: float | None = None  # env steps per second of the last call
+        self.unrated_s = 0.0  # seconds of calls since, that counted no env steps
         self.training_calls = 0
         self.warned = False
 
@@ -183,11 +184,16 @@ class Pace:
         return min(until, env_steps + (1 if self.rate is None else max(int(self.rate * SUBCHUNK_S), 1)))
 
     def record(self, start: int, end: int, seconds: float) -> None:
-        """A call trained from `start` to `end` env steps in `seconds`."""
-        reached_training = start < self.train_from <= end  # the acting-only rate says nothing about training
-        self.rate = None if reached_training else (end - start) / max(seconds, 1e-9)
+        """A call trained from `start` to `end` env steps in `seconds` (a call that counted none, e.g. Sebulba
+        paying a chunk's owed train steps, adds its seconds to the next call that counts some)."""
         if start >= self.train_from:
             self.training_calls += 1
+        if end == start:
+            self.unrated_s += seconds
+            return
+        seconds, self.unrated_s = seconds + self.unrated_s, 0.0
+        reached_training = start < self.train_from <= end  # the acting-only rate says nothing about training
+        self.rate = None if reached_training else (end - start) / max(seconds, 1e-9)
 
     def eta_note(self, env_steps: int, num_seeds: int) -> str | None:
         """Once, from the second training call on: a line when the rest of the run takes over an hour."""

@@ -16,7 +16,10 @@ the agent). One process; by default two threads and one JAX device (several: see
   of each thread).
 * Env steps count every recv'd step (reset steps too); each recv's steps are written per `env_id` with the
   transition mask of `rl.envs.envpool_source.track`, so every row holds its env's transitions in time order.
-* State (what is checkpointed): `{"agent", "buffer", "key", "actor_key"}`. Resuming restores them; envs
+* A chunk's train steps run in calls of about `SUBCHUNK_S` seconds (rl/runners/loop.py; one call unless
+  they are slow: R2D2 on Atari on a CPU), so a signal is answered between them; the steps still owed for
+  the last chunk are part of the state and its env steps are counted once they are done.
+* State (what is checkpointed): `{"agent", "buffer", "key", "actor_key", "owed"}`. Resuming restores them; envs
   restart with fresh episodes (envpool has no state to save), so a resumed run continues but is not
   bit-identical, and the last step stored per env before the checkpoint is not marked done.
 * Several actor threads and devices (`env.actor_threads`, `env.actor_devices`, `env.learner_devices`;
@@ -53,6 +56,7 @@ from rl.config import ConfigError, env_config
 from rl.envs.envpool_env import build_source, use_xla
 from rl.envs.envpool_source import EnvpoolSource, track
 from rl.infra import sharding
+from rl.runners import loop
 from rl.runners.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
 from rl.runners.sebulba_learner import Learner
 
@@ -154,7 +158,7 @@ class Sebulba:
 
     # --- host-loop interface (rl/runners/loop.py) ------------------------------------------------------------
     def init(self) -> dict:
-        """Initial `{"agent", "buffer", "key", "actor_key"}` from `cfg.seed`, on the learner devices."""
+        """Initial `{"agent", "buffer", "key", "actor_key", "owed"}` from `cfg.seed`, on the learner devices."""
         k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(int(self.cfg.seed)), 3)
         obs = self.source.obs_example()
         # Jitted (eager network init is slow); leaves that share a buffer (target params = params at init, if
@@ -162,7 +166,8 @@ class Sebulba:
         # the whole replay buffer would double the peak memory).
         agent_state = _unshared(jax.jit(self.agent.init)(k_agent, obs))
         buffer_state = _unshared(jax.jit(lambda: self.agent.buffer.init(self.agent.step_prototype(obs)))())
-        return self.place({"agent": agent_state, "buffer": buffer_state, "key": k_learn, "actor_key": k_act})
+        return self.place({"agent": agent_state, "buffer": buffer_state, "key": k_learn, "actor_key": k_act,
+                           "owed": jnp.zeros((), jnp.int32)})
 
     def restore_target(self):
         return jax.eval_shape(self.init)
@@ -190,7 +195,7 @@ class Sebulba:
         to_learner = None
         if self.mesh is not None or self.actor_devices != self.learner_devices[:1] or len(self.actor_devices) > 1:
             target = self._chunk_sharding()
-            to_learner = lambda c: jax.device_put(c, target)  # noqa: E731
+            to_learner = lambda c: jax.device_put(c, target)
         # A fresh actor stream per (re)start: the envs restart anyway.
         key = jax.random.fold_in(state["actor_key"], env_steps)
         actors = []
@@ -228,32 +233,47 @@ class _Session:
         self.actor = actors  # the chunk getter (one or several threads)
         self.chunks = 0
         self.update_s = 0.0
+        self.chunk, self.written = None, False  # the last chunk taken from the actors; written to the buffer?
 
     def advance(self, state, env_steps: int, until: int, totals=None):
-        """Actor chunks (each written, then trained on) until `until` env steps (at least one); returns the
-        state, the env steps reached and `totals` (rl/runners/totals.py; None: fresh ones; donated) with
-        their steps added."""
+        """Actor chunks (each written, then trained on) until `until` env steps (at least one call), or
+        until about `SUBCHUNK_S` seconds have passed while a chunk's train steps are still owed; returns the
+        state (`owed`: train steps still owed for the last chunk taken, whose env steps are counted once they
+        are done), the env steps reached and `totals` (rl/runners/totals.py; None: fresh ones; donated)."""
         r, learner = self.runner, self.runner.learner
         agent, buffer, key = state["agent"], state["buffer"], state["key"]
+        owed = int(state["owed"])
+        t_start = time.perf_counter()
         with sharding.use_mesh(r.mesh):
             totals = learner.zero_totals(agent, buffer) if totals is None else totals
             if r.shardings is not None and (r.mesh is not None or r.learner_devices[0] != jax.devices()[0]):
                 totals = jax.device_put(totals, r._chunk_sharding())
             while True:
-                chunk = self.actors.get()
+                write = owed == 0  # else: train steps owed for the chunk written last (or before a resume)
+                if self.chunk is None or (write and self.written):
+                    self.chunk, self.written = self.actors.get(), False  # (owed after a resume: for its shapes)
+                if write:
+                    self.written = True
+                    owed = learner.updates_due(env_steps + r.steps_per_chunk) - learner.updates_due(env_steps)
+                    owed = owed if self.learn else 0
+                n = min(owed, learner.cap(loop.SUBCHUNK_S))
                 t0 = time.perf_counter()
-                before, env_steps = env_steps, env_steps + r.steps_per_chunk
-                n = learner.updates_due(env_steps) - learner.updates_due(before) if self.learn else 0
-                agent, buffer, key, totals = learner.update(agent, buffer, key, totals, chunk, np.int32(n),
-                                                            np.int32(env_steps))
-                self.chunks += 1
-                if self.learn and self.chunks % r.env_cfg.sync_interval == 0:
-                    for d, v in r.publish(agent).items():
-                        self.mailboxes[d].put(v)
+                agent, buffer, key, totals = learner.update(agent, buffer, key, totals, self.chunk, np.bool_(write),
+                                                            np.int32(n), np.int32(env_steps + r.steps_per_chunk))
+                if n:
+                    jax.block_until_ready(key)
+                    learner.record(n, time.perf_counter() - t0)
+                owed -= n
+                if owed == 0:  # the chunk is done: count it, publish the new parameters
+                    env_steps += r.steps_per_chunk
+                    self.chunks += 1
+                    if self.learn and self.chunks % r.env_cfg.sync_interval == 0:
+                        for d, v in r.publish(agent).items():
+                            self.mailboxes[d].put(v)
                 self.update_s += time.perf_counter() - t0
-                if env_steps >= until:
+                if (env_steps >= until and owed == 0) or (owed and time.perf_counter() - t_start >= loop.SUBCHUNK_S):
                     break
-        return {**state, "agent": agent, "buffer": buffer, "key": key}, env_steps, totals
+        return {**state, "agent": agent, "buffer": buffer, "key": key, "owed": jnp.asarray(owed, jnp.int32)}, env_steps, totals
 
     def stats(self) -> dict:
         return {**self.actors.stats(), "learner_update_s": self.update_s, "chunks": self.chunks}

@@ -1,9 +1,14 @@
 """The Sebulba learner: one jitted, donated update per actor chunk, and the totals it logs.
 
-`Learner(agent, num_envs, on_nonfinite).update(agent_state, buffer_state, key, totals, chunk, num_updates,
-env_steps)` writes the chunk's K recvs by env_id (`buffer.add(steps, env_ids, mask)`: reset steps write
-nothing), then runs up to `num_updates` guarded train steps (rl/runners/guard.py; each only if the buffer can
-sample). Agent state, buffer, key and totals are donated: only the learner thread touches them.
+`Learner(agent, num_envs, on_nonfinite).update(agent_state, buffer_state, key, totals, chunk, write,
+num_updates, env_steps)` writes the chunk's K recvs by env_id (`buffer.add(steps, env_ids, mask)`: reset
+steps write nothing; `write=False`: nothing is written nor counted, the call only trains), then runs up to
+`num_updates` guarded train steps (rl/runners/guard.py; each only if the buffer can sample). Agent state,
+buffer, key and totals are donated: only the learner thread touches them.
+
+A chunk whose train steps take long (R2D2 on Atari on a CPU: ~20 s each) is trained in several calls of at
+most `cap()` steps (about `SUBCHUNK_S` seconds at the measured seconds per step, `record`), so the host loop
+can answer a signal between them; the runner carries the steps still owed (rl/runners/sebulba.py).
 
 Replay ratio as in Anakin: one train step per `agent.train_interval * num_envs` env steps received, from
 the first multiple of it that reaches `agent.learning_starts` (`updates_due`).
@@ -27,6 +32,7 @@ class Learner:
         self.train_step = guard.guard(agent.train_step, on_nonfinite)
         self.steps_per_update = num_envs * int(agent.train_interval)
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2, 3))
+        self.step_s: float | None = None  # measured seconds per train step (None: not yet)
 
     def zero_totals(self, agent_state, buffer_state) -> Totals:
         # The metric names, from an abstract train step traced once (tracing it costs milliseconds: the host
@@ -36,12 +42,12 @@ class Learner:
             self._names = (tuple(metrics), tuple(bad))
         return Totals.zeros(1, *self._names)
 
-    def _update(self, agent_state, buffer_state, key, totals: Totals, chunk: Chunk, num_updates, env_steps):
+    def _update(self, agent_state, buffer_state, key, totals: Totals, chunk: Chunk, write, num_updates, env_steps):
         agent = self.agent
 
         def add(b, row):
             steps, ids, mask = row
-            return agent.buffer.add(b, steps, ids, mask), None
+            return agent.buffer.add(b, steps, ids, mask & write), None
 
         buffer_state, _ = jax.lax.scan(add, buffer_state, (chunk.steps, chunk.env_ids, chunk.mask))
 
@@ -57,7 +63,7 @@ class Learner:
         agent_state, buffer_state, key, totals = jax.lax.fori_loop(
             0, num_updates, body, (agent_state, buffer_state, key, totals))
         ep = chunk.episodes
-        ended = ep.ended.astype(jnp.float32)
+        ended = (ep.ended & write).astype(jnp.float32)
         totals = totals.add_episodes(ended.sum(), (ep.score * ended).sum(), (ep.length * ended).sum())
         return agent_state, buffer_state, key, totals
 
@@ -65,6 +71,15 @@ class Learner:
     def train_from(self) -> int:
         """The env step at which the first train step is owed."""
         return max(math.ceil(self.agent.learning_starts / self.steps_per_update), 1) * self.steps_per_update
+
+    def cap(self, budget_s: float) -> int:
+        """Train steps per call: about `budget_s` seconds of them (1 until measured)."""
+        return 1 if self.step_s is None else max(int(budget_s / self.step_s), 1)
+
+    def record(self, num_updates: int, seconds: float) -> None:
+        """A call ran `num_updates` train steps (and wrote a chunk) in `seconds`, waited for."""
+        if num_updates > 0:
+            self.step_s = seconds / num_updates
 
     def updates_due(self, env_steps: int) -> int:
         """Train steps owed after `env_steps` env steps (cumulative)."""

@@ -64,7 +64,8 @@ def learner_case(out: str) -> None:
             totals = learner.zero_totals(state["agent"], state["buffer"])
             if mesh is not None:
                 totals = jax.device_put(totals, sharding.replicated(mesh))
-            args = (state["agent"], state["buffer"], state["key"], totals, c, np.int32(3), np.int32(T * E))
+            args = (state["agent"], state["buffer"], state["key"], totals, c, np.bool_(True), np.int32(3),
+                    np.int32(T * E))
             hlo = learner.update.lower(*args).compile().as_text()
             a, b, _, tot = learner.update(*args)
         params = [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(a.params)]

@@ -26,6 +26,18 @@ def test_pace_sizes_calls_from_the_last_rate_and_never_across_training_start():
     assert pace.next_until(1100, 5000) == 1101
 
 
+def test_calls_that_count_no_env_steps_add_their_seconds_to_the_next_rate():
+    """Sebulba pays a slow chunk's train steps in several calls and counts its env steps with the last."""
+    pace = Pace(train_from=0, total=10**6)
+    pace.record(0, 100, 1.0)
+    pace.record(100, 100, 3.0)  # owed train steps only: no rate from it (and no division by zero)
+    pace.record(100, 100, 3.0)
+    assert pace.rate == 100.0
+    pace.record(100, 200, 4.0)  # the chunk counted: 100 env steps in 3 + 3 + 4 s
+    assert pace.rate == 10.0
+    assert "about 27.8 h" in pace.eta_note(200, num_seeds=1)
+
+
 def test_pace_says_once_when_the_rest_takes_over_an_hour():
     pace = Pace(train_from=0, total=10**6)
     pace.record(0, 10, 1.0)
