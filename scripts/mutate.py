@@ -15,14 +15,42 @@ otherwise it *survived*. The last line is the score `caught/total`.
 Before the mutants, every distinct test selection runs once on the unmutated copy (`--no-baseline` skips
 this): a selection that already fails would catch every mutant for nothing, so the run stops.
 
+Generated mutants (`--random N --seed S`, `--only <id>`) replace the hand list by one-node operator mutants
+of the library code (buffers/, rl/, agents/), made with Python's `ast` (mutmut and cosmic-ray do not fit:
+they rerun whole test suites per mutant, far too slow for jitted code on 2 shared cores). Each is a text
+edit at its node's source span, so the rest of the file keeps its formatting; its id is `file:line:col:op`.
+
+    python -m scripts.mutate --random 60 --seed 0 --list   # the sample: id, description, test files
+    python -m scripts.mutate --random 60 --seed 0 --source HEAD --timeout 900
+    python -m scripts.mutate --only buffers/sumtree.py:74:39:lt_to_le   # generated mutants by id
+
+Operators: comparison flips (< <=, > >=, == !=, < with >); boolean flips (and/or, & and |, `not` and `~`
+dropped, True/False); arithmetic swaps (+ -, * /, also as `+=`; unary minus dropped); off-by-one of
+integer constants and of non-constant subscript indices (n -> n+1 / n-1); the first two positional
+arguments of a call swapped when of the same kind; `stop_gradient(x)` -> x; `x % n` -> x; mask terms
+dropped (`x * m` -> x where m names a mask, valid, done... flag; `where(m, a, b)` -> a). Skipped:
+docstrings and strings, f-strings, `raise` statements, assert messages, message calls (print,
+warnings.warn, logging.*, a logger's `.note`), type annotations, default values of parameters and of
+class-level (dataclass) fields, module-level UPPER_CASE constants (config and tuning tables), and drawing
+colours (`fill=`).
+
+Sampling: the sorted candidates are shuffled with `random.Random(seed)` and the first N not listed in
+EQUIVALENT run (equivalent ones met on the way are printed with their reason and not counted), so a seed
+gives the same sample of the same code. A mutant runs the fast tests (`-m "not slow"`, `-x`, one pytest
+process with `-n 0`: xdist workers cost more than they save on 2 shared cores) of the test files that
+import its module, its own `test_<module>.py` first; TESTS_OF names them for modules tested through
+another one and for the few that most of the suite imports.
+
 Never part of the default test suite (this is a script, not a test module).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -222,6 +250,338 @@ MUTANTS: list[Mutant] = [
 ]
 
 
+# --- generated mutants (--random) ----------------------------------------------------------------------------
+LIBRARY = ("buffers", "rl", "agents")
+
+# Test files (in order) of the modules the import rule does not serve: those no test file imports, tested
+# through the module that uses them, and the three that most of the suite imports (their own tests only, so
+# that a mutant's run takes minutes, not most of the suite).
+MUESLI_TESTS = ("tests/agents/test_muesli.py", "tests/agents/test_muesli_options.py", "tests/agents/test_muesli_model.py")
+SEQUENCE_TESTS = ("tests/buffers/test_sequences.py", "tests/buffers/test_online_queue.py",
+                  "tests/buffers/test_sequence_bad_inputs.py", "tests/buffers/test_sequence_hlo.py")
+TESTS_OF: dict[str, tuple[str, ...]] = {
+    "agents/__init__.py": ("tests/test_configs.py", "tests/agents/test_dqn.py", "tests/test_option_coverage.py"),
+    "rl/config.py": ("tests/test_configs.py", "tests/test_presets.py", "tests/test_option_coverage.py",
+                     "tests/test_resume.py"),
+    "rl/experiment.py": ("tests/test_entry_points.py", "tests/rl/test_runner_options.py", "tests/test_configs.py",
+                         "tests/test_resume.py"),
+    "agents/muesli/agent.py": MUESLI_TESTS,  # the tests import the package, which re-exports these two
+    "agents/muesli/targets.py": MUESLI_TESTS,
+    "buffers/counted.py": SEQUENCE_TESTS,  # the sequence buffer's weight strategies and online queue
+    "buffers/online.py": ("tests/buffers/test_online_queue.py", *SEQUENCE_TESTS),
+    "buffers/starts.py": SEQUENCE_TESTS,
+    "buffers/tree_weights.py": SEQUENCE_TESTS,
+    "rl/learning/exploration.py": ("tests/agents/test_dqn.py", "tests/agents/test_r2d2.py"),
+    "rl/learning/target_update.py": ("tests/agents/test_dqn.py", "tests/agents/test_muesli.py"),
+    "rl/runners/totals.py": ("tests/rl/test_runner_options.py", "tests/test_faults.py", "tests/test_resume.py"),
+}
+
+# Mutants that cannot change behaviour, keyed by (file, the stripped source line, operator), with the reason.
+# A line holding the same operator twice is one key: both of its mutants are listed as equivalent.
+EQUIVALENT: dict[tuple[str, str, str], str] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    path: str  # relative to the repo root
+    line: int  # 1-based, of the edit's focus (the operator, the constant, the dropped operand)
+    col: int  # 1-based, in characters
+    op: str  # operator slug, e.g. lt_to_le
+    description: str
+    start: int  # the edit: bytes [start, end) of the file's UTF-8 text become `replacement`
+    end: int
+    replacement: str
+    tests: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}:{self.op}"
+
+    def mutate(self, source: str) -> str:
+        data = source.encode()
+        return (data[: self.start] + self.replacement.encode() + data[self.end :]).decode()
+
+    def diff(self, source: str) -> tuple[list[str], list[str]]:
+        """The lines the edit touches: (original lines, mutated lines)."""
+        data = source.encode()
+        first = data.rfind(b"\n", 0, self.start) + 1
+        last = data.find(b"\n", self.end)
+        last = len(data) if last < 0 else last
+        old = data[first:last].decode()
+        new = (data[first : self.start] + self.replacement.encode() + data[self.end : last]).decode()
+        return old.splitlines(), new.splitlines()
+
+    def key(self, source: str) -> tuple[str, str, str]:
+        return self.path, source.splitlines()[self.line - 1].strip(), self.op
+
+
+CMP_SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+CMP_FLIPS = {"<": ("<=", ">"), "<=": ("<", ">="), ">": (">=", "<"), ">=": (">", "<="), "==": ("!=",), "!=": ("==",)}
+BIN_SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.BitAnd: "&", ast.BitOr: "|"}
+BIN_FLIP = {"+": "-", "-": "+", "*": "/", "/": "*", "&": "|", "|": "&", "and": "or", "or": "and"}
+SLUG = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne", "+": "add", "-": "sub", "*": "mult",
+        "/": "div", "&": "bitand", "|": "bitor", "and": "and", "or": "or", "+=": "iadd", "-=": "isub",
+        "*=": "imult", "/=": "idiv"}
+MASK_WORDS = ("mask", "valid", "alive", "done", "terminat", "continu")
+MESSAGE_CALLS = ("print", "warn", "note")  # print, warnings.warn, a run logger's human-readable `.note`
+NOT_ARITHMETIC = (ast.JoinedStr, ast.Tuple, ast.List, ast.ListComp)  # `+`/`*` of these build strings/sequences
+
+
+def _dotted(node: ast.AST) -> str:
+    """'jax.lax.stop_gradient' for a Name/Attribute chain, '' otherwise."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else ""
+    return ""
+
+
+def _is_message(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Raise, ast.JoinedStr)):
+        return True
+    if isinstance(node, ast.Call):
+        name = _dotted(node.func)
+        return name.split(".")[-1] in MESSAGE_CALLS or name.startswith("logging.")
+    return False
+
+
+def _is_str(node: ast.AST) -> bool:
+    return isinstance(node, ast.JoinedStr) or isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+class _Generator:
+    """The mutants of one file's source (see `generate`)."""
+
+    def __init__(self, source: str, path: str):
+        self.path, self.data = path, source.encode()
+        self.line_start = [0]
+        for i, byte in enumerate(self.data):
+            if byte == 10:
+                self.line_start.append(i + 1)
+        self.out: list[Generated] = []
+
+    def offset(self, line: int, col: int) -> int:
+        return self.line_start[line - 1] + col
+
+    def span(self, node: ast.AST) -> tuple[int, int]:
+        return self.offset(node.lineno, node.col_offset), self.offset(node.end_lineno, node.end_col_offset)
+
+    def text(self, node: ast.AST) -> str:
+        start, end = self.span(node)
+        return self.data[start:end].decode()
+
+    def add(self, focus: int, op: str, description: str, start: int, end: int, replacement: str) -> None:
+        line = self.data.count(b"\n", 0, focus) + 1
+        col = len(self.data[self.line_start[line - 1] : focus].decode()) + 1
+        self.out.append(Generated(self.path, line, col, op, description, start, end, replacement))
+
+    def token(self, left: ast.AST, right: ast.AST, symbol: str) -> int | None:
+        """Byte offset of the operator `symbol` between two operands (parentheses and spaces around it)."""
+        start, end = self.span(left)[1], self.span(right)[0]
+        between = self.data[start:end].decode()
+        stripped = between.replace("(", " ").replace(")", " ")
+        if stripped.split() != [symbol]:
+            return None  # a comment or line continuation between the operands: leave it alone
+        return start + len(between[: stripped.index(symbol)].encode())
+
+    def swap_token(self, left: ast.AST, right: ast.AST, symbol: str, new: str) -> None:
+        at = self.token(left, right, symbol)
+        if at is not None:
+            self.add(at, f"{SLUG[symbol]}_to_{SLUG[new]}", f"`{symbol}` -> `{new}`", at, at + len(symbol), new)
+
+    # --- the walk ----------------------------------------------------------------------------------------
+    def walk(self, node: ast.AST) -> None:
+        if _is_message(node):
+            return
+        self.mutate(node)
+        for field, value in ast.iter_fields(node):
+            if field in ("annotation", "returns", "defaults", "kw_defaults", "msg"):
+                continue  # type annotations, parameter defaults, assert messages
+            if isinstance(node, ast.keyword) and node.arg == "fill":
+                continue  # the colour of a drawing call
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, ast.AST) and not self.skipped_statement(node, child):
+                    self.walk(child)
+
+    @staticmethod
+    def skipped_statement(parent: ast.AST, child: ast.AST) -> bool:
+        """Docstrings, class-level annotated fields (dataclass config), module-level UPPER_CASE constants."""
+        if isinstance(child, ast.Expr) and _is_str(child.value):
+            return True
+        if isinstance(parent, ast.ClassDef) and isinstance(child, ast.AnnAssign):
+            return True
+        if isinstance(parent, ast.Module) and isinstance(child, (ast.Assign, ast.AnnAssign)):
+            targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+            return all(isinstance(t, ast.Name) and t.id.isupper() for t in targets)
+        return False
+
+    def mutate(self, node: ast.AST) -> None:
+        kind = type(node).__name__
+        getattr(self, f"mutate_{kind}", lambda _: None)(node)
+
+    def mutate_Compare(self, node: ast.Compare) -> None:
+        operands = [node.left, *node.comparators]
+        for i, op in enumerate(node.ops):
+            symbol = CMP_SYMBOL.get(type(op))
+            for new in CMP_FLIPS.get(symbol, ()):
+                self.swap_token(operands[i], operands[i + 1], symbol, new)
+
+    def mutate_BoolOp(self, node: ast.BoolOp) -> None:
+        symbol = "and" if isinstance(node.op, ast.And) else "or"
+        for left, right in zip(node.values, node.values[1:]):
+            self.swap_token(left, right, symbol, BIN_FLIP[symbol])
+
+    def mutate_BinOp(self, node: ast.BinOp) -> None:
+        if any(_is_str(x) or isinstance(x, NOT_ARITHMETIC) for x in (node.left, node.right)):
+            return
+        symbol = BIN_SYMBOL.get(type(node.op))
+        if symbol:
+            self.swap_token(node.left, node.right, symbol, BIN_FLIP[symbol])
+        start, end = self.span(node)
+        if isinstance(node.op, ast.Mod):
+            self.add(self.token(node.left, node.right, "%") or start, "mod_dropped",
+                     f"`% {self.text(node.right)}` dropped", start, end, f"({self.text(node.left)})")
+        if isinstance(node.op, ast.Mult):
+            for mask, other in ((node.left, node.right), (node.right, node.left)):
+                if any(word in self.text(mask).lower() for word in MASK_WORDS):
+                    self.add(self.span(mask)[0], "mask_dropped", f"mask term `{self.text(mask)}` dropped",
+                             start, end, f"({self.text(other)})")
+
+    def mutate_AugAssign(self, node: ast.AugAssign) -> None:
+        symbol = BIN_SYMBOL.get(type(node.op))
+        if symbol in ("+", "-", "*", "/"):
+            new = BIN_FLIP[symbol]
+            self.swap_token(node.target, node.value, symbol + "=", new + "=")
+
+    def mutate_UnaryOp(self, node: ast.UnaryOp) -> None:
+        start = self.span(node)[0]
+        if isinstance(node.op, ast.Not):
+            end = start + 3
+            while self.data[end : end + 1] in (b" ", b"\\", b"\n"):
+                end += 1
+            self.add(start, "not_dropped", "`not` dropped", start, end, "")
+        elif isinstance(node.op, ast.Invert):
+            self.add(start, "invert_dropped", "`~` dropped", start, start + 1, "")
+        elif isinstance(node.op, ast.USub) and not isinstance(node.operand, ast.Constant):
+            self.add(start, "neg_dropped", "unary `-` dropped", start, start + 1, "")
+
+    def mutate_Constant(self, node: ast.Constant) -> None:
+        start, end = self.span(node)
+        if isinstance(node.value, bool):
+            new = str(not node.value)
+            self.add(start, f"{str(node.value).lower()}_to_{new.lower()}", f"`{node.value}` -> `{new}`",
+                     start, end, new)
+        elif isinstance(node.value, int):
+            for delta, op in ((1, "plus_one"), (-1, "minus_one")):
+                self.add(start, op, f"`{self.text(node)}` -> `{node.value + delta}`", start, end,
+                         str(node.value + delta))
+
+    def mutate_Subscript(self, node: ast.Subscript) -> None:
+        elements = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        for element in elements:
+            bounds = [element.lower, element.upper] if isinstance(element, ast.Slice) else [element]
+            for index in bounds:
+                if isinstance(index, (ast.Name, ast.Attribute, ast.BinOp, ast.UnaryOp, ast.Call)) and not (
+                        isinstance(index, ast.UnaryOp) and isinstance(index.operand, ast.Constant)):
+                    text = self.text(index)
+                    text = text if isinstance(index, (ast.Name, ast.Attribute, ast.Call)) else f"({text})"
+                    start, end = self.span(index)
+                    for sign, op in (("+", "index_plus_one"), ("-", "index_minus_one")):
+                        self.add(start, op, f"index `{self.text(index)}` -> `{text} {sign} 1`", start, end,
+                                 f"{text} {sign} 1")
+
+    def mutate_Call(self, node: ast.Call) -> None:
+        name = _dotted(node.func).split(".")[-1]
+        start, end = self.span(node)
+        args = node.args
+        if name == "stop_gradient" and len(args) == 1:
+            self.add(start, "stop_gradient_dropped", "`stop_gradient` dropped", start, end,
+                     f"({self.text(args[0])})")
+        if name == "where" and len(args) == 3:
+            self.add(start, "where_to_true_branch", f"`where({self.text(args[0])}, a, b)` -> a", start, end,
+                     f"({self.text(args[1])})")
+        if (len(args) >= 2 and not any(isinstance(a, ast.Starred) for a in args[:2])
+                and type(args[0]) is type(args[1]) and self.text(args[0]) != self.text(args[1])
+                and not (isinstance(args[0], ast.Constant) and type(args[0].value) is not type(args[1].value))):
+            a, b = self.span(args[0]), self.span(args[1])
+            between = self.data[a[1] : b[0]].decode()
+            self.add(a[0], "args_swapped", f"arguments `{self.text(args[0])}`, `{self.text(args[1])}` swapped",
+                     a[0], b[1], self.text(args[1]) + between + self.text(args[0]))
+
+
+def generate(source: str, path: str) -> list[Generated]:
+    """Every mutant of one file's `source` (the operators and skips of the module docstring), each checked
+    to parse; sorted by position."""
+    gen = _Generator(source, path)
+    gen.walk(ast.parse(source))
+    out, count = [], {}
+    for g in sorted(gen.out, key=lambda g: (g.line, g.col, g.op, g.start)):
+        try:
+            ast.parse(g.mutate(source))
+        except SyntaxError:
+            continue
+        count[g.name] = count.get(g.name, 0) + 1
+        if count[g.name] > 1:  # two mutants at one spot with one operator slug: number them
+            g = dataclasses.replace(g, op=f"{g.op}{count[g.name]}")
+        out.append(g)
+    return out
+
+
+def module_of(path: str) -> str:
+    """'buffers/sumtree.py' -> 'buffers.sumtree'; a package's __init__.py -> the package."""
+    parts = path.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(source: str) -> set[str]:
+    """The modules a file imports anywhere: `import a.b` -> a.b; `from a.b import c` -> a.b and a.b.c."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_map(tree: Path, paths: list[str]) -> dict[str, list[str]]:
+    """Each library file's test files: those importing its module, `test_<module>.py` first; or TESTS_OF's."""
+    imports = {f.relative_to(tree).as_posix(): imported(f.read_text()) for f in sorted(tree.glob("tests/**/test_*.py"))}
+    out = {}
+    for path in paths:
+        files = [f for f, names in imports.items() if module_of(path) in names]
+        out[path] = list(TESTS_OF[path]) if path in TESTS_OF else sorted(
+            files, key=lambda f: Path(f).stem != f"test_{Path(path).stem}")
+    return out
+
+
+def generate_tree(tree: Path) -> list[Generated]:
+    """Every generated mutant of the library files in `tree`, with its test selection (none: no test file)."""
+    paths = sorted(f.relative_to(tree).as_posix() for top in LIBRARY for f in (tree / top).rglob("*.py"))
+    tests = test_map(tree, paths)
+    return [dataclasses.replace(g, tests=(("-m", "not slow", "-n", "0", *tests[path]),) if tests[path] else ())
+            for path in paths for g in generate((tree / path).read_text(), path)]
+
+
+def sample(candidates: list[Generated], n: int, seed: int, sources: dict[str, str]):
+    """(the first `n` not-equivalent mutants of a seeded shuffle of the sorted candidates, the equivalent ones
+    met on the way as (mutant, reason))."""
+    order = sorted(candidates, key=lambda g: (g.path, g.line, g.col, g.op))
+    random.Random(seed).shuffle(order)
+    picked, equivalent = [], []
+    for g in order:
+        if len(picked) == n:
+            break
+        reason = EQUIVALENT.get(g.key(sources[g.path]))
+        if reason:
+            equivalent.append((g, reason))
+        else:
+            picked.append(g)
+    return picked, equivalent
+
+
 # --- machinery -----------------------------------------------------------------------------------------------
 def copy_tree(dest: Path, source: str) -> None:
     """The repo's files into `dest`: the working tree (tracked + untracked, not ignored) or `git archive <rev>`."""
@@ -282,11 +642,89 @@ def first_failure(tail: str) -> str:
     return tail.splitlines()[-1] if tail else ""
 
 
+def mutated_file(tree: Path, m: Mutant | Generated) -> tuple[Path, str]:
+    """The file of `tree` that `m` changes, and its mutated text."""
+    if isinstance(m, Generated):
+        return tree / m.path, m.mutate((tree / m.path).read_text())
+    f, _ = locate(tree, m)
+    return f, f.read_text().replace(m.old, m.new, 1)
+
+
+def choose(tree: Path, args, names: list[str]):
+    """(the mutants to run, the listed-equivalent ones as (mutant, reason), the number of generated candidates):
+    the hand list, a --random sample, or the --only names (hand names, or generated ids `file:line:col:op`)."""
+    hand = [m for m in MUTANTS if m.name in names] if names else [] if args.random is not None else MUTANTS
+    if args.random is None and all(":" not in n for n in names):
+        return hand, [], 0
+    candidates = generate_tree(tree)
+    sources = {path: (tree / path).read_text() for path in {g.path for g in candidates}}
+    if not names:
+        picked, equivalent = sample(candidates, args.random, args.seed, sources)
+        return picked, equivalent, len(candidates)
+    by_name = {g.name: g for g in candidates}
+    unknown = sorted(n for n in names if ":" in n and n not in by_name)
+    if unknown:
+        raise SystemExit(f"no generated mutant {unknown} in this code; see --random N --list")
+    chosen = [by_name[n] for n in names if ":" in n]
+    equivalent = [(g, EQUIVALENT[g.key(sources[g.path])]) for g in chosen if g.key(sources[g.path]) in EQUIVALENT]
+    return hand + [g for g in chosen if g.key(sources[g.path]) not in EQUIVALENT], equivalent, len(candidates)
+
+
+def label(m: Mutant | Generated) -> str:
+    return f"{m.name:46s} {m.description}" if isinstance(m, Generated) else f"{m.name:42s}"
+
+
+def run_mutant(tree: Path, m: Mutant | Generated, timeout: float) -> tuple[str, float, str]:
+    """(outcome, seconds, detail) of one mutant: its selections run in turn until one fails."""
+    if not m.tests:
+        return "survived", 0.0, "no test file for this module"
+    f, text = mutated_file(tree, m)
+    original = f.read_text()
+    f.write_text(text)
+    try:
+        total = 0.0
+        for sel in m.tests:
+            status, dt, tail = run_tests(tree, sel, timeout)
+            total += dt
+            if status != "pass":
+                outcome = "caught" if status == "fail" else f"caught ({status})"
+                detail = first_failure(tail) if status == "fail" else tail.splitlines()[-1] if tail else status
+                return outcome, total, detail
+        return "survived", total, ""
+    finally:
+        f.write_text(original)
+
+
+def report(tree: Path, results: list, equivalent: list) -> None:
+    """The survivors (a generated one with its diff), the equivalent mutants and the score line."""
+    survivors = [m for m, o in results if o == "survived"]
+    caught = len(results) - len(survivors)
+    if survivors:
+        print("\nsurvivors:")
+        for m in survivors:
+            if isinstance(m, Generated):
+                old, new = m.diff((tree / m.path).read_text())
+                print(f"  {m.name}  {m.description}")
+                print("\n".join(f"    - {line.strip()}" for line in old) + "\n"
+                      + "\n".join(f"    + {line.strip()}" for line in new))
+            else:
+                print(f"  {m.name} ({m.path}){': ' + m.why if m.why else ''}")
+    if equivalent:
+        print("\nequivalent (listed in EQUIVALENT, not run, not counted):")
+        for g, reason in equivalent:
+            print(f"  {g.name}  {g.description}: {reason}")
+    print(f"\nmutation score: {caught}/{len(results)} caught ({100.0 * caught / max(len(results), 1):.0f}%)"
+          + (f"; survived: {', '.join(m.name for m in survivors)}" if survivors else ""))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="list the mutants (and check their snippets), run nothing")
-    parser.add_argument("--only", action="append", default=[], help="run only this mutant (repeatable, or a,b,c)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only this mutant: a hand name or a generated id file:line:col:op (repeatable, or a,b,c)")
+    parser.add_argument("--random", type=int, metavar="N", help="run N generated mutants, sampled with --seed")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --random sample (default 0)")
     parser.add_argument("--source", default="worktree", help="'worktree' (default) or a git revision, e.g. HEAD")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run (default 600)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of each test selection")
@@ -294,26 +732,31 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     names = [n for item in args.only for n in item.split(",") if n]
-    unknown = sorted(set(names) - {m.name for m in MUTANTS})
+    unknown = sorted({n for n in names if ":" not in n} - {m.name for m in MUTANTS})
     if unknown:
         parser.error(f"unknown mutant(s) {unknown}; see --list")
     dupes = {m.name for m in MUTANTS if sum(x.name == m.name for x in MUTANTS) > 1}
     if dupes:
         raise SystemExit(f"duplicate mutant names: {sorted(dupes)}")
-    mutants = [m for m in MUTANTS if not names or m.name in names]
 
+    start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="mutate-"))
     try:
         tree = tmp / "repo"
         tree.mkdir()
         copy_tree(tree, args.source)
-        problems = check_snippets(tree, mutants)
+        mutants, equivalent, candidates = choose(tree, args, names)
+        problems = check_snippets(tree, [m for m in mutants if isinstance(m, Mutant)])
         if args.list:
             bad = {p.split(":")[0] for p in problems}
             for m in mutants:
-                tests = " ; ".join(" ".join(t) for t in m.tests)
-                print(f"{'MISSING' if m.name in bad else 'ok':8s} {m.name:42s} {m.path:24s}  {tests}")
-            print(f"{len(mutants)} mutants, {len(problems)} with a snippet problem")
+                tests = " ; ".join(" ".join(t) for t in m.tests) or "(no test file)"
+                where = "" if isinstance(m, Generated) else f" {m.path:24s}"
+                print(f"{'MISSING' if m.name in bad else 'ok':8s} {label(m)}{where}  {tests}")
+            for g, reason in equivalent:
+                print(f"{'EQUIV':8s} {label(g)}  {reason}")
+            print(f"{len(mutants)} mutants, {len(problems)} with a snippet problem"
+                  + (f"; {len(equivalent)} equivalent; {candidates} generated candidates" if candidates else ""))
             for p in problems:
                 print("  " + p)
             return 1 if problems else 0
@@ -322,7 +765,8 @@ def main(argv=None) -> int:
             for p in problems:
                 print("  " + p)
             return 2
-        print(f"{len(mutants)} mutants over a copy of {args.source} in {tree}", flush=True)
+        sampled = f" (seed {args.seed}, of {candidates} generated candidates)" if candidates and not names else ""
+        print(f"{len(mutants)} mutants{sampled} over a copy of {args.source} in {tree}", flush=True)
 
         if not args.no_baseline:
             selections = sorted({t for m in mutants for t in m.tests})
@@ -335,31 +779,11 @@ def main(argv=None) -> int:
 
         results = []
         for i, m in enumerate(mutants, 1):
-            f, _ = locate(tree, m)
-            original = f.read_text()
-            f.write_text(original.replace(m.old, m.new, 1))
-            try:
-                outcome, total, detail = "survived", 0.0, ""
-                for sel in m.tests:
-                    status, dt, tail = run_tests(tree, sel, args.timeout)
-                    total += dt
-                    if status != "pass":
-                        outcome = "caught" if status == "fail" else f"caught ({status})"
-                        detail = first_failure(tail) if status == "fail" else tail.splitlines()[-1] if tail else status
-                        break
-            finally:
-                f.write_text(original)
+            outcome, total, detail = run_mutant(tree, m, args.timeout)
             results.append((m, outcome))
-            print(f"[{i:2d}/{len(mutants)}] {outcome.upper():18s} {m.name:42s} {total:6.1f}s  {detail}", flush=True)
-
-        survivors = [m for m, o in results if o == "survived"]
-        caught = len(results) - len(survivors)
-        if survivors:
-            print("\nsurvivors:")
-            for m in survivors:
-                print(f"  {m.name} ({m.path}){': ' + m.why if m.why else ''}")
-        print(f"\nmutation score: {caught}/{len(results)} caught ({100.0 * caught / max(len(results), 1):.0f}%)"
-              + (f"; survived: {', '.join(m.name for m in survivors)}" if survivors else ""))
+            print(f"[{i:2d}/{len(mutants)}] {outcome.upper():18s} {label(m)} {total:6.1f}s  {detail}", flush=True)
+        report(tree, results, equivalent)
+        print(f"wall time {time.perf_counter() - start:.0f}s")
         return 0
     finally:
         if args.keep:
