@@ -71,7 +71,9 @@ class TrainConfig:
     num_envs: int = 10
     log_interval: int = 10_000  # env steps between host-side logs (one compiled chunk)
     eval_episodes: int = 10  # greedy episodes per seed at the end (and at each eval_interval)
-    eval_interval: int = 0  # env steps between greedy evaluations during training (logged as eval_return); 0: off
+    # env steps between greedy evaluations during training (logged as eval_return); 0: off; null: the runner's
+    # default (rl/runners/loop.py:eval_every: a tenth of the run on gymnax envs, off on envpool)
+    eval_interval: int | None = None
     resume: str | None = None  # a run dir to resume from (its saved config is used; see rl/experiment.py)
     on_nonfinite: str = "stop"  # NaN/Inf in a train metric or the params: stop (error) | skip the update
 
@@ -118,8 +120,10 @@ def check_top_level(cfg: DictConfig) -> None:
     to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
     for key in ("seeds", "total_steps", "num_envs", "log_interval"):
         _positive(cfg, key)
-    for key in ("seed", "eval_episodes", "eval_interval", "checkpoint.interval"):
+    for key in ("seed", "eval_episodes", "checkpoint.interval"):
         _positive(cfg, key, minimum=0)
+    if cfg.get("eval_interval") is not None:
+        _positive(cfg, "eval_interval", minimum=0)
     _positive(cfg, "checkpoint.keep")
     if cfg.get("eval_interval", 0) and not cfg.eval_episodes:
         raise ConfigError("`eval_interval` needs `eval_episodes` >= 1 (the greedy episodes of each evaluation)")

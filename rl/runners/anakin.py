@@ -36,7 +36,7 @@ from rl.envs.gymnax_source import make_source
 from rl.infra import sharding
 from rl.learning.agent import reset_carry
 from rl.runners import guard
-from rl.runners.evaluate import evaluate_seeds
+from rl.runners.evaluate import seeds_evaluator
 from rl.runners.totals import Totals
 
 
@@ -56,6 +56,8 @@ class RunnerState:
 class Anakin:
     """The compiled parts of an Anakin run for one config and agent (see the module docstring)."""
 
+    cheap_eval = True  # greedy episodes vmapped inside jit (rl/runners/evaluate.py)
+
     def __init__(self, cfg: DictConfig, agent):
         """`agent` follows rl/learning/agent.py, built for `make_source(cfg.env, cfg.num_envs)`'s spaces."""
         self.cfg = cfg
@@ -74,6 +76,7 @@ class Anakin:
         self.state_shardings = None if self.mesh is None else sharding.runner_shardings(
             self.mesh, jax.eval_shape(self._init_all, jnp.arange(self.num_seeds)))
         self.chunk = jax.jit(self._chunk, donate_argnums=(0, 2))
+        self._evaluators = {}  # episodes -> jitted greedy evaluation (`evaluate`)
 
     # --- state --------------------------------------------------------------------------------------
     def _init_one(self, key: jax.Array) -> RunnerState:
@@ -174,7 +177,8 @@ class Anakin:
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy returns `[S, episodes]` of every seed."""
-        source = make_source(self.cfg.env, episodes)
+        if episodes not in self._evaluators:  # compiled once per episode count (evaluations during training)
+            self._evaluators[episodes] = seeds_evaluator(self.agent, make_source(self.cfg.env, episodes))
         with sharding.use_mesh(self.mesh):
-            returns, _ = evaluate_seeds(self.agent, state[0].agent, source, key)
+            returns, _ = self._evaluators[episodes](state[0].agent, key)
         return np.asarray(returns)

@@ -1,7 +1,8 @@
 """Evaluation: run the agent's evaluation policy (`act(..., explore=False)`) for K whole episodes.
 
 * `evaluate(agent, agent_state, source, key)`: K = `source.num_envs` episodes in parallel, one per env,
-  inside jit; returns returns `[K]` and lengths `[K]`. vmap it over seeds.
+  inside jit; returns returns `[K]` and lengths `[K]`. `seeds_evaluator(agent, source)`: vmapped over
+  seeds, jitted once.
 
 Saved runs of either source are evaluated by `rl.experiment.evaluate_run` (`python -m scripts.evaluate`).
 """
@@ -49,9 +50,15 @@ def evaluate(agent, agent_state, source, key: jax.Array, max_steps: int | None =
     return out[5], out[6]
 
 
-def evaluate_seeds(agent, agent_states, source, key: jax.Array):
-    """`evaluate` vmapped over the leading seed axis of `agent_states`: returns `[S, K]`, lengths `[S, K]`."""
-    num_seeds = jax.tree_util.tree_leaves(agent_states)[0].shape[0]
-    keys = jax.random.split(key, num_seeds)
-    fn = jax.jit(jax.vmap(lambda s, k: evaluate(agent, s, source, k)))
-    return fn(agent_states, keys)
+def seeds_evaluator(agent, source):
+    """`evaluate` vmapped over the leading seed axis and jitted, compiled once per shapes:
+    `fn(agent_states, key) -> (returns [S, K], lengths [S, K])`. Keep it to evaluate again without
+    recompiling (the evaluations during training)."""
+
+    @jax.jit
+    def fn(agent_states, key):
+        num_seeds = jax.tree_util.tree_leaves(agent_states)[0].shape[0]
+        keys = jax.random.split(key, num_seeds)
+        return jax.vmap(lambda s, k: evaluate(agent, s, source, k))(agent_states, keys)
+
+    return fn

@@ -16,13 +16,14 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
         device and donated; None: fresh ones) the per-seed sums and, per metric, the first env step
         where it was NaN/Inf (rl/runners/guard.py)
     evaluate(state, episodes, key) -> np.ndarray     greedy returns `[S, episodes]`
+    cheap_eval: bool                                 evaluate often by default (`eval_interval: null`)?
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
 dir whose newest checkpoint holds this runner's state; its config was checked by rl/experiment.py), train
 in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from the measured rate, so a signal is
 answered within seconds whatever the agent; the progress bar moves after each; a run that will take over
-an hour says so once training runs), log every `cfg.log_interval` env steps (with `cfg.eval_interval`,
-the greedy return of `cfg.eval_episodes` episodes per seed as `eval_return` in the log of each interval
+an hour says so once training runs), log every `cfg.log_interval` env steps (with `eval_interval()`, the
+greedy return of `cfg.eval_episodes` episodes per seed as `eval_return` in the log of each interval
 that crosses a multiple of it), checkpoint every `cfg.checkpoint.interval` env steps and at the end, stop
 on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop cleanly on
 SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving aborts:
@@ -164,6 +165,18 @@ def _greedy_return(cfg, runner, state, env_steps: int) -> np.ndarray:
     return np.nanmean(runner.evaluate(state, int(cfg.eval_episodes), key), axis=1)
 
 
+def eval_interval(cfg, runner, total: int) -> int:
+    """Env steps between greedy evaluations during training (0: none): `cfg.eval_interval`, or where it is
+    null the runner's default: a tenth of the run where its evaluation is cheap (`runner.cheap_eval`:
+    Anakin plays the episodes vmapped inside jit; a few % of a MinAtar run), else none (Sebulba starts a
+    fresh envpool and plays whole episodes on the host: minutes of Atari on a CPU)."""
+    if cfg.get("eval_interval") is not None:
+        return int(cfg.eval_interval)
+    if not runner.cheap_eval or int(cfg.eval_episodes) == 0:
+        return 0
+    return max(total // 10, 1)
+
+
 class Pace:
     """Sizes the sub-chunks: each compiled call is asked for about `SUBCHUNK_S` seconds of work at the rate
     the previous call ran (the first call, which compiles, and the first after `train_from`, where train
@@ -203,7 +216,8 @@ class Pace:
         eta = (self.total - env_steps) / self.rate
         if eta <= 3600:
             return None
-        return (f"training runs at {self.rate * num_seeds:,.0f} env steps/s (all seeds): the remaining "
+        rate = self.rate * num_seeds
+        return (f"training runs at {rate:,.{0 if rate >= 10 else 2}f} env steps/s (all seeds): the remaining "
                 f"{self.total - env_steps:,} env steps per seed take about {eta / 3600:.1f} h; lower total_steps "
                 "for a shorter run (README: Atari on a CPU)")
 
@@ -215,7 +229,7 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
     Returns `(state, env_steps, last metrics, last checkpoint, the unfinished interval or None)`."""
     total = runner.rounded_total(int(cfg.total_steps))
     log_every, ckpt_every = int(cfg.log_interval), int(cfg.checkpoint.interval)
-    eval_every = int(cfg.get("eval_interval", 0))
+    eval_every = eval_interval(cfg, runner, total)
     pace = Pace(runner.train_from, total)
     last, first = {}, True
     with runner.session(state, env_steps) as session:

@@ -91,6 +91,7 @@ class Sebulba:
     """The compiled parts of a Sebulba run (see the module docstring)."""
 
     num_seeds = 1
+    cheap_eval = False  # a fresh envpool plays whole episodes on the host (minutes of Atari on a CPU)
 
     def __init__(self, cfg: DictConfig, agent, source: EnvpoolSource):
         if int(cfg.seeds) != 1:

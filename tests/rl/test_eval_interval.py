@@ -40,3 +40,25 @@ def test_eval_interval_logs_the_greedy_return_at_its_multiples(tmp_path, monkeyp
             returns = calls[0 if steps == 400 else 1][3]
             assert np.isclose(float(value), np.mean(returns[seed]))
     assert (tmp_path / "learning_curve.png").stat().st_size > 0
+
+
+def test_eval_interval_null_is_a_tenth_of_the_run_where_evaluation_is_cheap_and_off_elsewhere():
+    """The default (`eval_interval: null`): every tenth of the run on Anakin (greedy episodes vmapped in jit),
+    never on Sebulba (a fresh envpool per evaluation); `eval_episodes=0` turns it off; a number wins."""
+    from rl.config import compose
+    from rl.runners.loop import eval_interval
+    from rl.runners.sebulba import Sebulba
+
+    cfg = compose(TINY_DQN)
+    assert cfg.eval_interval is None
+    assert eval_interval(cfg, Anakin, 500000) == 50000
+    assert eval_interval(cfg, Sebulba, 500000) == 0
+    assert eval_interval(compose([*TINY_DQN, "eval_episodes=0"]), Anakin, 500000) == 0
+    assert eval_interval(compose([*TINY_DQN, "eval_interval=0"]), Anakin, 500000) == 0
+    assert eval_interval(compose([*TINY_DQN, "eval_interval=7"]), Sebulba, 500000) == 7
+
+
+def test_the_default_run_logs_greedy_returns_at_each_tenth(tmp_path):
+    rl.train(*TINY_DQN, "total_steps=2000", run_dir=tmp_path)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(r["env_steps"]) for r in rows if r["eval_return"]] == [200 * i for i in range(1, 11)]

@@ -35,7 +35,11 @@ def test_calls_that_count_no_env_steps_add_their_seconds_to_the_next_rate():
     assert pace.rate == 100.0
     pace.record(100, 200, 4.0)  # the chunk counted: 100 env steps in 3 + 3 + 4 s
     assert pace.rate == 10.0
-    assert "about 27.8 h" in pace.eta_note(200, num_seeds=1)
+    assert "at 10 env steps/s" in (note := pace.eta_note(200, num_seeds=1)) and "about 27.8 h" in note
+    slow = Pace(train_from=0, total=10**6)
+    slow.record(0, 1, 2.0)
+    slow.record(1, 2, 2.0)
+    assert "at 0.50 env steps/s" in slow.eta_note(2, num_seeds=1)  # R2D2 on Atari on a CPU: not "0"
 
 
 def test_pace_says_once_when_the_rest_takes_over_an_hour():
