@@ -14,6 +14,7 @@ into the saved run's own dir) is removed, so failed commands leave no empty `out
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -78,6 +79,9 @@ def main(cfg: DictConfig) -> float:
     finally:
         if _is_empty_run_dir(out_dir):
             shutil.rmtree(out_dir, ignore_errors=True)
+            day = out_dir.parent  # hydra's default outputs/<date>/<time>: the <date> dir too, if it is now empty
+            if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day.name) and day.is_dir() and not any(day.iterdir()):
+                day.rmdir()
 
 
 if __name__ == "__main__":

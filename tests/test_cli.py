@@ -21,10 +21,10 @@ LEARNS = ["agent.learning_starts=500", "agent.batch_size=32", "agent.buffer_size
 RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actions
 
 
-def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def _run(*args: str, check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("WANDB_MODE", None)  # the config's mode decides (offline by default)
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False,
                           timeout=600)
     if check and proc.returncode != 0:
         pytest.fail(f"{args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -99,5 +99,9 @@ def test_runtime_input_errors_are_one_line_and_leave_no_run_dir(tmp_path):
     line = _one_line_error(proc, "config error: env=envpool/typo")
     assert "envpool/pong" in line and "env.id=" in line  # the envpool configs and the way to any other task
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    (tmp_path / "c").mkdir()  # hydra's default run dir, outputs/<date>/<time>: no empty <date> dir either
+    _one_line_error(_run("scripts.train", "resume=/nonexistent", "logger=none", check=False, cwd=tmp_path / "c"),
+                    "error: ")
+    assert [p.name for p in (tmp_path / "c").rglob("*")] == ["outputs"]
     proc = _run("scripts.evaluate", str(tmp_path), check=False)
     assert "no checkpoint found" in _one_line_error(proc, "evaluate: ")
