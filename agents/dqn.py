@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-import agents
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
 from rl.infra import sharding
@@ -174,5 +173,5 @@ class DQN(StepFormat):
 
 def make_agent(cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
                num_envs: int) -> DQN:
-    """Registry entry (agents/__init__.py); a yaml section is typed by `agents.agent_config` first."""
-    return DQN(agents.agent_config(cfg), obs_shape, obs_dtype, num_actions, num_envs)
+    """Registry entry: `agents.make_agent` types a yaml section (`agents.agent_config`) and calls this."""
+    return DQN(cfg, obs_shape, obs_dtype, num_actions, num_envs)

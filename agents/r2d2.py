@@ -29,7 +29,6 @@ import optax
 import rlax
 from flax import struct
 
-import agents
 from buffers.priorities import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
 from rl.infra import sharding
@@ -251,6 +250,6 @@ class R2D2(StepFormat):
 
 
 def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int) -> R2D2:
-    """Registry entry (agents/__init__.py); a yaml section is typed by `agents.agent_config` first."""
-    return R2D2(agents.agent_config(cfg), obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
+    """Registry entry: `agents.make_agent` types a yaml section (`agents.agent_config`) and calls this."""
+    return R2D2(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
                 num_envs=num_envs)

@@ -2,8 +2,8 @@
 
 * `TrainConfig` (registered in hydra's ConfigStore as `base_config`, first in configs/config.yaml's
   defaults) types the keys every agent and env share, so hydra rejects `seeds=abc` at compose time.
-* Each env source defines an `EnvConfig` dataclass and each agent a `Config` dataclass; `env_config(cfg.env)`
-  (here) and `agents.agent_config(cfg.agent)` (the agents registry) turn the yaml section into that
+* Each env source defines an `EnvConfig` dataclass and each agent a `Config` dataclass; `rl.envs.env_config`
+  (the env-source registry) and `agents.agent_config` (the agents registry) turn the yaml section into that
   dataclass, rejecting unknown keys, wrong types and bad values (in the dataclass's `__post_init__`) with a
   `ConfigError` naming the section (`to_dataclass`).
 * `validate(cfg)` runs all of these; scripts call it before building anything.
@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from omegaconf.errors import OmegaConfBaseException
 from rl.infra.distributed import DistributedConfig, MeshConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
-ENV_SOURCES = {"gymnax": "rl.envs.gymnax_source", "envpool": "rl.envs.envpool_env"}  # module holding `EnvConfig`
 # Keys that may differ between a run and its resumption (they do not change what is computed).
 RESUME_FREE_KEYS = ("total_steps", "resume", "logger", "checkpoint", "log_interval", "eval_episodes", "eval_interval", "mesh",
                     "distributed", "on_nonfinite")
@@ -92,20 +90,6 @@ def to_dataclass(cls: type, section: Any, where: str):
         lines = str(e).strip().splitlines() or [type(e).__name__]
         key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), "")
         raise ConfigError(f"bad config in `{where}`: {lines[0]}" + (f" (key `{key}`)" if key else "")) from None
-
-
-def _section_name(section: Any, key: str) -> Any:
-    if isinstance(section, (dict, DictConfig)):
-        return section.get(key)
-    return getattr(section, key, None)
-
-
-def env_config(section: Any):
-    """The env section as its source's `EnvConfig` dataclass (chosen by `env.source`)."""
-    source = _section_name(section, "source")
-    if source not in ENV_SOURCES:
-        raise ConfigError(f"env.source={source!r} is not an env source; available: {sorted(ENV_SOURCES)}")
-    return to_dataclass(importlib.import_module(ENV_SOURCES[source]).EnvConfig, section, "env")
 
 
 def _positive(cfg: DictConfig, key: str, minimum: int = 1) -> None:

@@ -34,7 +34,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
-from rl.config import ConfigError, check_resumable, check_top_level, compose, env_config, resume_config
+from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
+from rl.envs import env_config
 from rl.infra import checkpoint, memory
 from rl.runners import loop
 

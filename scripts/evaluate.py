@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from rl.config import ConfigError, env_config
-from rl.envs import video
+from rl.config import ConfigError
+from rl.envs import env_config, video
 from rl.experiment import evaluate_run, load_policy
 from rl.infra import checkpoint
 from rl.infra.checkpoint import MissingCheckpoint

@@ -1,9 +1,13 @@
 """The README's architecture map holds: each folder imports only what its row allows (imports inside
-functions included), and no module under rl/ but rl/experiment.py imports `agents`."""
+functions included), no module under rl/ but rl/experiment.py imports `agents`, and no module imports
+itself back through others (no cycle). Imports by name count too: a project module's dotted name in a
+string (a registry's `{"gymnax": "rl.envs.gymnax_source"}`) and an f-string prefix (`f"agents.{name}"`:
+every module under `agents`), as `importlib.import_module` loads them."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,29 +32,54 @@ def _package(module: str) -> str:
     return max((k for k in ALLOWED if module == k or module.startswith(k + ".")), key=len)
 
 
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULES = {_module(p): p for folder in ("buffers", "rl", "agents") for p in sorted((ROOT / folder).rglob("*.py"))}
+NAME = re.compile(r"(rl|agents|buffers)(\.\w+)+")
+
+
 def _imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            # `from buffers import checks` loads the submodule (its package's __init__ runs for any import)
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            out |= subs if len(subs) == len(node.names) else {node.module} | subs
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value):
+            out |= {node.value} if node.value in MODULES else set()  # a registry entry
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            prefix = str(node.values[0].value)  # f"agents.{name}": any module under agents
+            if prefix.endswith(".") and prefix.split(".")[0] in ("rl", "agents", "buffers"):
+                out |= {m for m in MODULES if m.startswith(prefix)}
     return {m for m in out if m.split(".")[0] in PROJECT}
+
+
+def _edges(module: str) -> set[str]:
+    """The project modules `module` loads by its own statements (the longest known module of each name)."""
+    out = set()
+    for name in _imports(MODULES[module]):
+        while name and name not in MODULES:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.add(name)
+    return out
 
 
 def test_imports_follow_the_architecture_map():
     wrong = []
-    for folder in ("buffers", "rl", "agents"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            own = _package(module)
-            for imported in _imports(path):
-                target_ok = any(imported == a or imported.startswith(a + ".") for a in ALLOWED[own] | {own})
-                # `from rl import x` names a submodule: judge it by the submodule
-                if not target_ok and imported.count(".") >= 1 and imported.rsplit(".", 1)[0] in ("rl",):
-                    target_ok = any(imported.startswith(a) for a in ALLOWED[own] | {own})
-                if not target_ok:
-                    wrong.append(f"{module} imports {imported}")
+    for module, path in MODULES.items():
+        own = _package(module)
+        for imported in _imports(path):
+            target_ok = any(imported == a or imported.startswith(a + ".") for a in ALLOWED[own] | {own})
+            # `from rl import x` names a submodule: judge it by the submodule
+            if not target_ok and imported.count(".") >= 1 and imported.rsplit(".", 1)[0] in ("rl",):
+                target_ok = any(imported.startswith(a) for a in ALLOWED[own] | {own})
+            if not target_ok:
+                wrong.append(f"{module} imports {imported}")
     assert not wrong, "\n".join(wrong)
 
 
@@ -58,3 +87,30 @@ def test_only_the_wiring_module_imports_agents():
     importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "rl").rglob("*.py")
                        if any(m.split(".")[0] == "agents" for m in _imports(p)))
     assert importers == ["rl/experiment.py"], importers
+
+
+def test_no_module_imports_itself_back():
+    """No import cycle between project modules (a registry whose entries import the registry back, ...)."""
+    graph = {m: _edges(m) for m in MODULES}
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                cycles.append(" -> ".join([*path[path.index(n):], n]))
+            elif n not in state:
+                visit(n, [*path, n])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_cycle_check_sees_imports_by_name():
+    """The check is not blind to importlib: the agents registry loads every agent by an f-string, the env
+    registry its sources by their dotted names."""
+    assert {"agents.dqn", "agents.r2d2", "agents.muesli"} <= _edges("agents")
+    assert {"rl.envs.gymnax_source", "rl.envs.envpool_env"} <= _edges("rl.envs")

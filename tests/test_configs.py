@@ -10,7 +10,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from agents import agent_config, available_agents, make_agent
-from rl.config import CONFIG_DIR, ConfigError, compose, env_config
+from rl.config import CONFIG_DIR, ConfigError, compose
+from rl.envs import env_config
 from rl.envs.gymnax_source import make_source
 from rl.experiment import validate
 

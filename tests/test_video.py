@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import rl
-from rl.config import ConfigError, env_config
-from rl.envs import video
+from rl.config import ConfigError
+from rl.envs import env_config, video
 from scripts import evaluate
 from tests.conftest import TINY_DQN
 

@@ -35,7 +35,6 @@ import optax
 import rlax
 from flax import struct
 
-import agents
 from agents.muesli.networks import MuesliNetwork, MuesliNetworkConfig, make_network
 from agents.muesli.targets import (
     Targets,
@@ -292,6 +291,6 @@ class Muesli(StepFormat):
 
 
 def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Muesli:
-    """Registry entry (agents/__init__.py); a yaml section is typed by `agents.agent_config` first."""
-    return Muesli(agents.agent_config(cfg), obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
+    """Registry entry: `agents.make_agent` types a yaml section (`agents.agent_config`) and calls this."""
+    return Muesli(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
                   num_envs=num_envs)

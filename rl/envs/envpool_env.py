@@ -1,7 +1,7 @@
 """The envpool env of a Sebulba run: its config section, the source built from it, and the XLA probe.
 
 * `EnvConfig`: `configs/env/envpool/*.yaml` (`source: envpool`); the number of envs is the top-level
-  `num_envs`. Checked when built (`rl.config.env_config`).
+  `num_envs`. Checked when built (`rl.envs.env_config`).
 * `build_source(env_cfg, num_envs, seed, batch_size=None)`: the `EnvpoolSource` (rl/envs/envpool_source.py).
 * `use_xla(env_cfg)`: whether the actor runs envpool's XLA handle inside jit (`env.xla`: auto probes a
   2-env copy of the task with one jitted recv + send; on requires it; off never uses it).

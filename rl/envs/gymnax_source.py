@@ -87,9 +87,9 @@ class GymnaxSource:
 
 def make_source(env_cfg: Any, num_envs: int) -> GymnaxSource:
     """Build the source from an `EnvConfig` (or its yaml section)."""
-    from rl.config import env_config
+    from rl.config import to_dataclass
 
-    cfg = env_config(env_cfg)
+    cfg = to_dataclass(EnvConfig, env_cfg, "env")
     env, params = gymnax.make(cfg.id)
     if cfg.params:
         known = {f.name for f in dataclasses.fields(params)}

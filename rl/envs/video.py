@@ -265,7 +265,7 @@ def _envpool_episodes(env_cfg, policy, episodes: int, key: jax.Array, seed: int,
 
 
 def record(env_cfg, policy, episodes: int, seed: int = 0, max_frames: int = 2000) -> Video:
-    """`episodes` greedy episodes of `policy` on one env of `env_cfg` (an `rl.config.env_config` section),
+    """`episodes` greedy episodes of `policy` on one env of `env_cfg` (an `rl.envs.env_config` section),
     cut at `max_frames` frames; `seed` seeds the env and the policy's key."""
     check_env(env_cfg)
     key = jax.random.PRNGKey(seed)

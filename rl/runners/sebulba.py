@@ -52,7 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig
 
-from rl.config import ConfigError, env_config
+from rl.config import ConfigError
+from rl.envs import env_config
 from rl.envs.envpool_env import build_source, use_xla
 from rl.envs.envpool_source import EnvpoolSource, track
 from rl.infra import sharding

@@ -7,8 +7,8 @@ import pytest
 import rlax
 from hydra import compose, initialize
 
-from agents import agent_config
-from agents.muesli import Config, cmpo_log_probs, episode_index, make_agent, unroll_indices, unroll_masks
+from agents import agent_config, make_agent
+from agents.muesli import Config, cmpo_log_probs, episode_index, unroll_indices, unroll_masks
 from rl.config import ConfigError
 
 SMALL = {"name": "muesli", "batch_size": 8, "sequence_length": 6, "unroll_steps": 3, "num_atoms": 21,

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agents import agent_config
-from agents.muesli import Config, make_agent
+from agents import agent_config, make_agent
+from agents.muesli import Config
 from agents.muesli.networks import MuesliNetwork
 from rl.config import ConfigError
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import agents
-from agents.muesli import Muesli, MuesliState, make_agent
+from agents import make_agent
+from agents.muesli import Muesli, MuesliState
 from agents.muesli.networks import MuesliNetwork
 from rl.config import ConfigError
 from tests.agents.test_muesli import (
