@@ -58,11 +58,6 @@ class SequenceState:
     rows: RowState  # data [E, T, ...], written [E], online_start [E]
     weights: Any  # the weight strategy's state: None (counted), TreeState or PrioritisedTreeState
 
-    @property
-    def priority(self) -> jax.Array:
-        """`[E*T/stride]` priority**alpha per tree leaf (prioritised buffers only)."""
-        return self.weights.priority
-
 
 def _default_done(step):
     return step["done"]

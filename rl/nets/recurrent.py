@@ -94,9 +94,6 @@ class RecurrentQNetwork(nn.Module):
         carry, hidden = ResettingLSTM(self.hidden_size, name="core")(carry, features, reset)
         return carry, self.head(hidden)
 
-    def initial_carry(self, batch: int) -> LSTMCarry:
-        return zero_carry(batch, self.hidden_size)
-
 
 def make_recurrent_q_network(
     obs_shape: Sequence[int], num_actions: int, cfg: NetworkConfig, lstm_size: int

@@ -232,7 +232,6 @@ class _Session:
 
     def __init__(self, runner: Sebulba, actors: Actors, mailboxes: dict, learn: bool):
         self.runner, self.actors, self.mailboxes, self.learn = runner, actors, mailboxes, learn
-        self.actor = actors  # the chunk getter (one or several threads)
         self.chunks = 0
         self.update_s = 0.0
         self.chunk, self.written = None, False  # the last chunk taken from the actors; written to the buffer?

@@ -127,21 +127,20 @@ class Mailbox:
 
 
 class ActorThread(threading.Thread):
-    """Runs `rollout` into a queue of at most `queue_size` chunks (or into the shared `chunks` queue of
-    several threads) until `finish()`. `device`: where it acts (tracker and key are put there; the mailbox
+    """Runs `rollout` into its own queue of at most `queue_size` chunks until `finish()`. `device`: where it acts (tracker and key are put there; the mailbox
     must hold agent states on it); `to_learner(chunk)`: moves a finished chunk to the learner."""
 
-    def __init__(self, rollout: Rollout, tracker, acting: Mailbox, key, queue_size: int, first_index: int = 0,
-                 chunks: queue.Queue | None = None, device=None, to_learner=None, name: str = "sebulba-actor"):
+    def __init__(self, rollout: Rollout, tracker, acting: Mailbox, key, queue_size: int, device=None,
+                 to_learner=None, name: str = "sebulba-actor"):
         super().__init__(daemon=True, name=name)
         if device is not None:
             tracker, key = jax.device_put((tracker, key), device)
         self.rollout, self.tracker, self.acting, self.key = rollout, tracker, acting, key
-        self.chunks: queue.Queue = chunks if chunks is not None else queue.Queue(maxsize=queue_size)
+        self.chunks: queue.Queue = queue.Queue(maxsize=queue_size)
         self.to_learner = to_learner
         self._stop_event = threading.Event()
         self.error: BaseException | None = None
-        self.index = first_index
+        self.index = 0  # chunks rolled out (folded into the acting key)
         self.busy_s = 0.0  # seconds producing chunks (rollout until ready, transfer dispatch)
         self.blocked_s = 0.0  # seconds waiting on a full queue (the learner is behind)
 
@@ -169,10 +168,6 @@ class ActorThread(threading.Thread):
         except BaseException as e:  # noqa: BLE001 - handed to the learner thread, which re-raises
             self.error = e
             self._stop_event.set()
-
-    def get(self) -> Chunk:
-        """Next chunk (blocks); re-raises an actor error."""
-        return Actors([self]).get()
 
     def stop(self) -> None:
         self._stop_event.set()

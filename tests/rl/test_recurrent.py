@@ -20,7 +20,7 @@ T, B, OBS, A, H = 7, 3, 5, 4, 8
 def net_and_params():
     net = make_recurrent_q_network((OBS,), A, NetworkConfig(hidden_sizes=[16], dueling=True), H)
     obs = jax.random.normal(jax.random.PRNGKey(1), (T, B, OBS))
-    params = net.init(jax.random.PRNGKey(0), net.initial_carry(B), obs, jnp.zeros((T, B), bool))
+    params = net.init(jax.random.PRNGKey(0), zero_carry(B, net.hidden_size), obs, jnp.zeros((T, B), bool))
     # a non-zero starting state, as a stored actor state would be
     carry = LSTMCarry(*jax.random.normal(jax.random.PRNGKey(2), (2, B, H)))
     return net, params, obs, carry
