@@ -112,3 +112,24 @@ def test_minatar_and_obs_features():
 def test_bad_env_config(section, match):
     with pytest.raises((ConfigError, ValueError), match=match):
         make_source(section, 2)
+
+
+def test_max_episode_steps_is_the_time_limit_of_the_env_params():
+    """`max_episode_steps` (the default step limit of rl/runners/evaluate.py) is the params' time limit."""
+    assert make_source({"source": "gymnax", "id": "CartPole-v1"}, 2).max_episode_steps == 500
+    limited = {"source": "gymnax", "id": "CartPole-v1", "params": {"max_steps_in_episode": 7}}
+    assert make_source(limited, 2).max_episode_steps == 7
+
+
+def test_matches_unbatched_gymnax_with_array_valued_env_state():
+    """The batch axis of every env-state leaf is its first one, also for grids (Breakout-MinAtar's brick map
+    `[E, 10, 10]`): env e follows gymnax's own step."""
+    source = make_source({"source": "gymnax", "id": "Breakout-MinAtar"}, 3)
+    env, params = gymnax.make("Breakout-MinAtar")
+    key, k = jax.random.PRNGKey(5), jax.random.PRNGKey(6)
+    state, _ = source.reset(key)
+    _, ref_state = env.reset(jax.random.split(key, 3)[1], params)
+    _, ts = source.step(state, jnp.array([0, 2, 1]), k)
+    o, _, r, term, trunc, _ = env.step(jax.random.split(k, 3)[1], ref_state, 2, params)
+    np.testing.assert_array_equal(ts.obs[1], o)
+    assert ts.reward[1] == r and ts.terminated[1] == term and ts.truncated[1] == trunc
