@@ -1,0 +1,34 @@
+"""rl/envs/video.py's frame drawers on hand-made observations: the MinAtar colour of every channel of a
+10-channel game, and Acrobot's links drawn from the pivot at the centre of the frame."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from rl.envs import video
+
+
+def test_each_of_ten_minatar_channels_has_its_own_colour():
+    """Seaquest has 10 channels: channel c draws in palette colour c, the tenth one included."""
+    obs = np.zeros((10, 10, 10), bool)
+    obs[np.arange(10), np.arange(10), np.arange(10)] = True  # channel c alone at cell (c, c)
+    frame = video.minatar_frame(obs)
+    cells = frame[:: video.CELL, :: video.CELL]  # [10, 10, 3]: one pixel per cell
+    np.testing.assert_array_equal(cells[np.arange(10), np.arange(10)], video.MINATAR_PALETTE)
+
+
+def test_acrobot_links_start_at_the_frame_centre_and_are_8_px_thick():
+    """cos a1 = 0, sin a1 = 1 and a2 = 0: both links lie flat to the right of the pivot, which is the centre
+    (120, 120) of the 240 px frame; away from the joints each link column is 8 px of link colour around row
+    120."""
+    draw = video.renderer(SimpleNamespace(source="gymnax", id="Acrobot-v1")).frame
+    frame = draw(np.array([0.0, 1.0, 1.0, 0.0, 0.0, 0.0], np.float32))
+    assert frame.shape == (240, 240, 3)
+    link = np.all(frame == (0, 204, 204), axis=-1)
+    assert np.array_equal(frame[120, 120], (204, 204, 0))  # the pivot's dot
+    columns = np.nonzero(link.any(axis=0))[0]
+    assert 120 <= columns.min() <= 125 and columns.max() >= 225  # from the pivot to the tip (2 of 2.2 radii)
+    for x in (140, 150, 190, 200):  # between the joints' dots
+        np.testing.assert_array_equal(np.nonzero(link[:, x])[0], np.arange(117, 125))
