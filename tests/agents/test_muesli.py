@@ -9,6 +9,7 @@ from hydra import compose, initialize
 
 from agents import agent_config, make_agent
 from agents.muesli import Config, cmpo_log_probs, episode_index, unroll_indices, unroll_masks
+from agents.muesli.targets import advantage_scale
 from rl.config import ConfigError
 
 SMALL = {"name": "muesli", "batch_size": 8, "sequence_length": 6, "unroll_steps": 3, "num_atoms": 21,
@@ -435,6 +436,22 @@ def test_target_network_is_an_ema_of_the_online_params(reference_problem):
     expected = jax.tree.map(lambda p, t: rate * p + (1 - rate) * t, new.params, state.target_params)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6),
                  new.target_params, expected)
+
+
+def test_advantage_ema_moves_by_masked_batch_moments_and_stays_put_without_targets():
+    """The EMA of the masked advantage moments against NumPy; a batch without any target leaves it (and so the
+    scale) unchanged instead of decaying it towards zero."""
+    ema = rlax.EmaState(mu=jnp.float32(2.0), nu=jnp.float32(10.0), decay_product=jnp.float32(0.5))
+    adv = np.array([[1.0, -3.0, 5.0], [2.0, 7.0, -1.0]], np.float32)
+    mask = np.array([[True, True, False], [False, True, True]])
+    moved, scale, mean = advantage_scale(ema, jnp.asarray(adv), jnp.asarray(mask), decay=0.9, eps=1e-4)
+    mu, nu, dp = 0.9 * 2.0 + 0.1 * adv[mask].mean(), 0.9 * 10.0 + 0.1 * np.mean(adv[mask] ** 2), 0.45
+    np.testing.assert_allclose([moved.mu, moved.nu, moved.decay_product], [mu, nu, dp], rtol=1e-6)
+    np.testing.assert_allclose([scale, mean], [np.sqrt(nu / (1 - dp) + 1e-4), mu / (1 - dp)], rtol=1e-5)
+
+    kept, scale, mean = advantage_scale(ema, jnp.asarray(adv), jnp.zeros_like(mask), decay=0.9, eps=1e-4)
+    np.testing.assert_array_equal([kept.mu, kept.nu, kept.decay_product], [2.0, 10.0, 0.5])
+    np.testing.assert_allclose([scale, mean], [np.sqrt(20.0 + 1e-4), 4.0], rtol=1e-6)
 
 
 # ---- buffer, online queue and train step ----------------------------------------------------------------
