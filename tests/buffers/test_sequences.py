@@ -318,6 +318,19 @@ def test_custom_done_fn_caps_sequences(power):
     np.testing.assert_array_equal(lengths, np.array([2, 1, 2, 1, 2, 1])[starts])
 
 
+@pytest.mark.parametrize("power", [0.0, 1.0])  # counted weights, sum tree
+def test_a_step_of_one_leaf(power):
+    """A step may be a single array (here the done flag alone): the batch size is read from that leaf."""
+    buf = jitted(make_sequence_buffer(1, 10, 4, cross_episodes=False, length_power=power))
+    state = buf.init({"done": False})
+    for t in range(6):
+        state = buf.add(state, {"done": np.array([t == 2])}, np.array([0], np.int32))
+    s = buf.sample(state, jax.random.key(0), 256)
+    starts, lengths = np.asarray(s.slots), np.asarray(s.mask.sum(1))
+    assert set(starts.tolist()) == set(range(6))
+    np.testing.assert_array_equal(lengths, np.array([3, 2, 1, 3, 2, 1])[starts])  # episode end at 2, head at 5
+
+
 def test_jit_scan_vmap_of_every_op():
     """add/sample/set_priorities/peek/can_sample/online ops inside one jitted scan, vmapped over 2 seeds,
     equal the same ops run one seed at a time."""
