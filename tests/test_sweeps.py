@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,20 @@ def test_summary_csv_of_final_returns(tmp_path):
     assert ok["run_dir"] == str((tmp_path / "0").absolute()) and Path(ok["run_dir"]).is_absolute()
     assert failed["run_dir"] == str((tmp_path / "1").absolute())
     assert (failed["status"], failed["final_return"], failed["error"]) == ("FAILED", "", "ValueError: bad")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # runpy: rl.infra.sweep is already imported
+def test_command_line_rewrites_the_summary(tmp_path, monkeypatch, capsys):
+    """`python -m rl.infra.sweep <sweep dir>` (README) writes the sweep's summary.csv and prints its path;
+    without the directory it exits with its usage line."""
+    _write_job(tmp_path / "0", 0, ["seed=1"], "COMPLETED")
+    monkeypatch.setattr(sys, "argv", ["sweep", str(tmp_path)])
+    runpy.run_module("rl.infra.sweep", run_name="__main__")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "summary.csv")
+    assert [row["seed"] for row in csv.DictReader((tmp_path / "summary.csv").open())] == ["1"]
+    monkeypatch.setattr(sys, "argv", ["sweep"])
+    with pytest.raises(SystemExit, match="usage: python -m rl.infra.sweep <sweep dir>"):
+        runpy.run_module("rl.infra.sweep", run_name="__main__")
 
 
 @pytest.fixture(scope="module")
