@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rl.envs.envpool_env import EnvConfig
 from rl.envs.envpool_source import Recv, init_tracker, make_source, track
 
 MAX_STEPS = 40  # short CartPole episodes so that truncation happens often
@@ -233,6 +234,14 @@ def test_make_source_errors():
         make_source("CartPole-v1", 4, 8)
     with pytest.raises(ValueError, match="no option"):
         make_source("CartPole-v1", 4, 2, frame_skip=4)
+
+
+@pytest.mark.parametrize("key", ["actor_devices", "learner_devices"])
+def test_env_config_device_counts_are_positive_or_null(key):
+    """`env.actor_devices` / `env.learner_devices`: null or N >= 1 (rl/envs/envpool_env.py's EnvConfig)."""
+    assert getattr(EnvConfig(**{key: 1}), key) == 1 and getattr(EnvConfig(**{key: None}), key) is None
+    with pytest.raises(ValueError, match=f"env.{key} must be >= 1 or null, got 0"):
+        EnvConfig(**{key: 0})
 
 
 def test_recv_fields_are_typed():

@@ -215,3 +215,16 @@ def test_distributed_disabled_by_default_and_checks_keys():
         distributed.initialize({"enabled": True, "num_processes": 2})
     with pytest.raises(ValueError, match=r"process_id=2 must be in \[0, num_processes=2\)"):
         distributed.initialize({"enabled": True, "num_processes": 2, "process_id": 2})
+
+
+def test_distributed_enabled_starts_jax_distributed_once_with_the_given_keys(monkeypatch):
+    """Enabled: `jax.distributed.initialize` gets the keys that are set (not `enabled`, not the nulls) and the
+    call returns True; already initialised, it returns True without starting it again."""
+    calls = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: bool(calls))
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+    section = {"enabled": True, "coordinator_address": "x:1", "num_processes": 2, "process_id": 1}
+    assert distributed.initialize(section) is True
+    assert calls == [{"coordinator_address": "x:1", "num_processes": 2, "process_id": 1,
+                      "initialization_timeout": 300}]
+    assert distributed.initialize(section) is True and len(calls) == 1

@@ -115,3 +115,9 @@ def test_burn_in_range_checked(net_and_params):
     net, params, obs, carry = net_and_params
     with pytest.raises(ValueError, match="burn_in must be in"):
         unroll_with_burn_in(net.apply, params, carry, obs, jnp.zeros((T, B), bool), T)
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_lstm_size_must_be_positive(size):
+    with pytest.raises(ValueError, match=f"lstm_size must be positive, got {size}"):
+        make_recurrent_q_network((OBS,), A, NetworkConfig(hidden_sizes=[16]), size)
