@@ -33,6 +33,14 @@ def test_torso_by_rank_and_leading_dims(shape, dtype, kind, convs):
     assert feats.shape == (2, 3, 16 if kind is MLP else 64)
 
 
+@pytest.mark.parametrize("shape, convs", [
+    ((20, 84, 4), 1), ((4, 20, 84), 1), ((4, 84, 20), 1),  # one spatial side below 36: the MinAtar CNN
+    ((40, 84, 4), 3), ((4, 40, 84), 3),  # both sides >= 36: the Nature CNN
+])
+def test_auto_torso_reads_the_smaller_spatial_side_in_either_layout(shape, convs):
+    assert len(make_torso(shape, NetworkConfig()).convs) == convs
+
+
 def test_nature_cnn_layout_and_scaling():
     """Channels-first input equals the transposed channels-last input; uint8 is scaled by 1/255."""
     cfg = NetworkConfig(torso="nature_cnn", cnn_dense=8)
