@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from pathlib import Path
 
 import jax
@@ -57,13 +58,37 @@ def _source(cfg: DictConfig, env_cfg):
     return make_source(env_cfg, int(cfg.num_envs))
 
 
+def run_updates(agent, num_envs: int, total_steps: int) -> int:
+    """Gradient steps a run of `total_steps` env steps per seed takes: one train step per `num_envs x
+    train_interval` env steps from the first such iteration that reaches `learning_starts` (both runners'
+    rule), times `updates_per_train` (DQN)."""
+    per_iter = num_envs * int(agent.train_interval)
+    first = max(math.ceil(agent.learning_starts / per_iter), 1)
+    train_steps = max(math.ceil(total_steps / per_iter) - first + 1, 1)
+    return train_steps * int(getattr(agent.cfg, "updates_per_train", 1))
+
+
+def _make_agent(agent_cfg, source, total_steps: int):
+    """The agent for the source's spaces; `optim.lr_schedule=linear` with `optim.lr_decay_updates=0` decays
+    over the whole run (`run_updates`; a resume with a larger total_steps stretches the rest of the decay)."""
+    def make(c):
+        return make_agent(c, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
+                          num_actions=source.num_actions, num_envs=source.num_envs)
+
+    optim = agent_cfg.optim
+    if optim.lr_schedule != "linear" or optim.lr_decay_updates > 0:
+        return make(agent_cfg)
+    constant = make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_schedule="constant")))
+    whole_run = run_updates(constant, source.num_envs, total_steps)
+    return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
+
+
 def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
     agent_cfg, env_cfg = validate(cfg)
     source = _source(cfg, env_cfg)
     try:
-        agent = make_agent(agent_cfg, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
-                           num_actions=source.num_actions, num_envs=source.num_envs)
+        agent = _make_agent(agent_cfg, source, int(cfg.total_steps))
     except ValueError as e:  # settings the env's spaces cannot take (a torso for other observations, ...)
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "

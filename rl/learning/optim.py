@@ -21,16 +21,16 @@ class OptimConfig:
     max_grad_norm: float = 0.0  # clip by global norm; 0 disables
     lr_schedule: str = "constant"  # constant | linear (to lr * lr_end_fraction over lr_decay_updates)
     lr_end_fraction: float = 0.0
-    lr_decay_updates: int = 0  # gradient steps of the linear decay (the lr then stays at its end value)
+    lr_decay_updates: int = 0  # gradient steps of the linear decay (the lr then stays at its end value); 0 with
+    # lr_schedule=linear: the whole run (rl.experiment.build derives it from total_steps: run_updates)
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {self.name!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"optim.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.lr_schedule == "linear" and self.lr_decay_updates <= 0:
-            raise ValueError("optim.lr_schedule=linear needs optim.lr_decay_updates > 0 (gradient steps of the "
-                             f"decay), got {self.lr_decay_updates}")
+        if self.lr_decay_updates < 0:
+            raise ValueError(f"optim.lr_decay_updates must be >= 0 (0: the whole run), got {self.lr_decay_updates}")
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if self.max_grad_norm < 0 or self.eps < 0 or self.weight_decay < 0:
@@ -41,6 +41,10 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """The optax transformation for `cfg` (the lr schedule counts gradient steps)."""
     lr: float | optax.Schedule = cfg.lr
     if cfg.lr_schedule == "linear":
+        if cfg.lr_decay_updates <= 0:
+            raise ValueError("optim.lr_schedule=linear with optim.lr_decay_updates=0 decays over the whole run, "
+                             "which only a run knows: build the agent through rl.experiment.build (or set "
+                             "optim.lr_decay_updates > 0)")
         lr = optax.linear_schedule(cfg.lr, cfg.lr * cfg.lr_end_fraction, cfg.lr_decay_updates)
     if cfg.name == "adam":
         opt = optax.adam(lr, eps=cfg.eps)

@@ -15,6 +15,7 @@ import pytest
 
 from agents import make_agent
 from agents.dqn import DQN, Config
+from rl.config import compose as compose_cfg
 from rl.experiment import build
 from tests.agents.test_dqn import _agent, _filled, _hand_batch, _mlp_params, _np_loss_and_grad, _np_q
 from tests.buffers.test_nstep import nstep_loop
@@ -50,7 +51,8 @@ COVERS = {
     "agent.dqn.optim.max_grad_norm": "test_optimizer_matches_numpy",
     "agent.dqn.optim.lr_schedule": "test_linear_lr_schedule_matches_the_formula",
     "agent.dqn.optim.lr_end_fraction": "test_linear_lr_schedule_matches_the_formula",
-    "agent.dqn.optim.lr_decay_updates": "test_linear_lr_schedule_matches_the_formula",
+    "agent.dqn.optim.lr_decay_updates": ["test_linear_lr_schedule_matches_the_formula",
+                                         "test_lr_decay_updates_0_decays_over_the_whole_run"],
     "agent.dqn.network.hidden_sizes": "test_mlp_layers_and_activation_match_numpy",
     "agent.dqn.network.head_hidden": ["test_mlp_layers_and_activation_match_numpy",
                                       "test_dueling_head_matches_numpy"],
@@ -367,6 +369,26 @@ def test_linear_lr_schedule_matches_the_formula():
     np.testing.assert_allclose(steps, np.broadcast_to(np.array(expected)[:, None], steps.shape), rtol=1e-5)
     constant = _agent(optim={"name": "sgd", "lr": lr, "lr_end_fraction": frac, "lr_decay_updates": decay}).optimizer
     np.testing.assert_allclose(_run_optimizer(constant, grads) / -grads[0], lr, rtol=1e-5)
+
+
+def test_lr_decay_updates_0_decays_over_the_whole_run(tmp_path):
+    """`lr_schedule=linear lr_decay_updates=0`: the decay spans the run's gradient steps, counted by the
+    runner (4 envs x train_interval 3 = 12 env steps per train step from the first iteration reaching
+    learning_starts=50, i.e. iterations 5..17 (1-based) of ceil(200 / 12) = 17, x updates_per_train 2 = 26); a set
+    lr_decay_updates is kept; an agent built outside a run refuses 0 with a message naming the fix."""
+    from rl.experiment import train
+
+    common = ["agent=dqn", "env=cartpole", "total_steps=200", "num_envs=4", "agent.learning_starts=50",
+              "agent.batch_size=8", "agent.train_interval=3", "agent.updates_per_train=2",
+              "agent.optim.lr_schedule=linear", "logger=none", "eval_interval=0", "eval_episodes=1",
+              "checkpoint.enabled=false"]
+    res = train(*common, run_dir=tmp_path / "run")
+    updates = int(np.asarray(res["state"][0].agent.updates).reshape(-1)[0])
+    assert updates == 26
+    assert build(compose_cfg(common)).agent.cfg.optim.lr_decay_updates == 26
+    assert build(compose_cfg([*common, "agent.optim.lr_decay_updates=7"])).agent.cfg.optim.lr_decay_updates == 7
+    with pytest.raises(ValueError, match="lr_decay_updates=0 decays over the whole run"):
+        _agent(optim={"lr_schedule": "linear"})
 
 
 # --------------------------------------------------------------------------------------------- network
