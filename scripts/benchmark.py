@@ -34,6 +34,9 @@ Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
 * With `results_dir=<dir>`: the same three files in `<dir>`, beside a copy of each finished run's metrics.csv,
   summary.json, composed config (config.yaml) and benchmark_run.json in `<dir>/runs/<task>/<agent>/` (no
   checkpoints), from which the tables and the figure there are drawn: the committable record of a suite.
+  A finished run published there but missing from the out dir (a new machine) is copied back first and
+  counts as done, so `python -m scripts.benchmark suite=minatar results_dir=results/minatar` on a fresh
+  clone trains only what the committed table lacks.
 * `learning_curves.png`: one panel per task, one colour per agent, mean and band over seeds (the loading
   and aggregation of scripts/plot.py), reference figures as dashed lines.
 """
@@ -466,6 +469,24 @@ def publish(cfg: DictConfig, s: dict, runs: list[Run], cmd: str, results_dir: Pa
     return results_dir
 
 
+def restore_published(runs: list[Run], results_dir: Path) -> list[Run]:
+    """Put back into its run dir each finished run that `publish` copied to `results_dir` but that the out dir
+    no longer holds (a new machine, a cleaned out dir), so the suite counts it as done instead of training
+    it again; a run dir holding anything usable (a summary or a checkpoint) is left alone. Returns the
+    restored runs."""
+    restored = []
+    for run in runs:
+        copy = results_dir / "runs" / run.task / run.agent
+        if state_of(run) != "fresh" or not (copy / "summary.json").exists():
+            continue
+        for src, name in PUBLISHED.items():
+            if (copy / name).exists():
+                (run.run_dir / src).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(copy / name, run.run_dir / src)
+        restored.append(run)
+    return restored
+
+
 # ---- entry ---------------------------------------------------------------------------------------------
 
 def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
@@ -478,6 +499,9 @@ def run_benchmark(cfg: DictConfig, cmd: str | None = None) -> dict:
         for run in runs:
             print("python " + shlex.join(command(run, resume=state_of(run) == "resume")[1:]))
         return {"out_dir": out_dir, "rows": [], "trained": [], "failed": []}
+    if cfg.get("results_dir"):
+        for run in restore_published(runs, Path(cfg.results_dir)):
+            print(f"[benchmark] {run.task}/{run.agent}: finished run restored from {cfg.results_dir}", flush=True)
     check_records(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "benchmark_config.yaml").write_text(OmegaConf.to_yaml(cfg))

@@ -198,6 +198,33 @@ def test_results_dir_publishes_tables_and_each_runs_files_but_no_checkpoints(tmp
     assert not list(results.rglob("checkpoints"))
 
 
+def test_a_published_run_missing_from_the_out_dir_is_restored_as_done(tmp_path, capsys):
+    """A finished run published in results_dir whose out dir is gone (a new machine) is copied back and
+    counts as done: the same row, nothing trained; a run dir that holds a checkpoint is left alone."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    run_dir = out / "runs" / "cartpole_masked" / "dqn"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "metrics.csv").write_text("env_steps,seed,episode_return,episodes\n1000,0,30.0,1\n1000,1,50.0,1\n")
+    (run_dir / "summary.json").write_text(json.dumps({"env_steps": 1000, "seeds": 2, "eval_returns": [[1.0], [3.0]]}))
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    args = ("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked,memory_chain_10]", f"results_dir={results}")
+    run_benchmark(bench_cfg(*args, f"out_dir={out}", "report_only=true"))
+    before = _rows(results)[("dqn", "cartpole_masked")]
+    fresh = tmp_path / "fresh"
+    kept = fresh / "runs" / "memory_chain_10" / "dqn" / "checkpoints" / "500"
+    kept.mkdir(parents=True)
+    shutil.copytree(results / "runs" / "cartpole_masked" / "dqn", results / "runs" / "memory_chain_10" / "dqn")
+    res = run_benchmark(bench_cfg(*args, f"out_dir={fresh}", "report_only=true"))
+    assert "cartpole_masked/dqn: finished run restored from" in capsys.readouterr().out
+    restored = fresh / "runs" / "cartpole_masked" / "dqn"
+    assert state_of(next(r for r in plan(bench_cfg(*args, f"out_dir={fresh}"))[1] if r.task == "cartpole_masked"))\
+        == "done"
+    assert (restored / ".hydra" / "config.yaml").read_text() == "seed: 0\n"
+    assert (restored / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
+    assert res["trained"] == [] and _rows(results)[("dqn", "cartpole_masked")] == before
+    assert not (kept.parent.parent / "summary.json").exists()  # a run dir with a checkpoint is not overwritten
+
+
 def test_report_on_a_fresh_out_dir_says_nothing_has_run_and_how_long_the_suite_takes(tmp_path, capsys):
     res = run_benchmark(compose(["suite=minatar", "report_only=true", f"out_dir={tmp_path}"],
                                 config_name="benchmark"), "python -m scripts.benchmark suite=minatar report_only=true")
