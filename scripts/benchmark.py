@@ -58,9 +58,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
+import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from rl.config import compose
 from rl.infra.sweep import RETURN_KEY, final_returns, read_metrics
 from scripts.plot import aggregate, collect_curves
 
@@ -302,6 +304,71 @@ def result_row(run: Run, status: str | None = None) -> dict:
             "sps": sps, "commits": commits, "run_dir": str(run.run_dir)}
 
 
+class _Uniform:
+    """A uniformly random policy with the agent surface `rl.runners.evaluate.evaluate` calls."""
+
+    def __init__(self, num_actions: int):
+        self.num_actions = num_actions
+
+    def initial_carry(self, num: int):
+        return ()
+
+    def act(self, state, obs, carry, key, env_ids, explore: bool = False):
+        return jax.random.randint(key, (obs.shape[0],), 0, self.num_actions), carry, {}
+
+
+def random_policy_return(env_override: str, episodes: int = 1000, seed: int = 0) -> float:
+    """Mean return of a uniformly random policy over `episodes` gymnax episodes of `env=<name>` (the floor of
+    the normalised scores; the figures in configs/suite/*.yaml `random:` come from here)."""
+    from rl.envs.gymnax_source import make_source
+    from rl.runners.evaluate import evaluate
+
+    source = make_source(compose([env_override]).env, episodes)
+    returns, _ = jax.jit(lambda k: evaluate(_Uniform(source.num_actions), None, source, k))(jax.random.PRNGKey(seed))
+    return float(np.mean(returns))
+
+
+def seed_scores(run_dir: Path) -> np.ndarray | None:
+    """Each seed's mean greedy return `[S]` after training (summary.json), None if the run has none."""
+    path = run_dir / "summary.json"
+    evals = json.loads(path.read_text()).get("eval_returns") if path.exists() else None
+    return np.asarray(evals, float).mean(axis=1) if evals else None
+
+
+def aggregate_scores(runs: list[Run], rows: list[dict], reps: int = 50_000) -> dict:
+    """IQM of normalised scores over tasks x seeds with a 95% stratified bootstrap interval (rliable), for
+    each agent that finished every task. A score is (R - random) / (best - random): `random` the task's
+    uniform-policy return (suite yaml), `best` the highest mean greedy return of the task in this table,
+    agents and reference figures alike. Returns {agent: {"iqm", "low", "high", "tasks"}} and, under
+    "_missing", the agents left out with their unfinished tasks."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    tasks = list(dict.fromkeys(r.task for r in runs))
+    agents = list(dict.fromkeys(r.agent for r in runs))
+    done = {(r["agent"], r["task"]): r for r in rows if r["status"] == "done"}
+    best = {t: max([done[a, t]["eval_mean"] for a in agents if (a, t) in done]
+                   + [v for k, v in next(r.references for r in runs if r.task == t).items() if k != "random"],
+                   default=math.nan) for t in tasks}
+    floors = {r.task: r.references["random"] for r in runs}
+    scores, missing = {}, {}
+    for a in agents:
+        lacking = [t for t in tasks if (a, t) not in done]
+        if lacking:
+            missing[a] = lacking
+            continue
+        per_task = [seed_scores(next(r.run_dir for r in runs if r.agent == a and r.task == t)) for t in tasks]
+        n = min(len(p) for p in per_task)
+        scores[a] = np.stack([(p[:n] - floors[t]) / (best[t] - floors[t]) for p, t in zip(per_task, tasks)], axis=1)
+    if not scores:
+        return {"_missing": missing}
+    point, interval = rly.get_interval_estimates(scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps,
+                                                 random_state=np.random.RandomState(0))
+    out = {a: {"iqm": float(point[a][0]), "low": float(interval[a][0, 0]), "high": float(interval[a][1, 0]),
+               "tasks": tasks} for a in scores}
+    return {**out, "_missing": missing}
+
+
 def _cell(v, digits: int = 4):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
@@ -367,6 +434,20 @@ def write_markdown(cfg: DictConfig, s: dict, runs: list[Run], rows: list[dict], 
                     cells.append(_pm(r[f"{key}_mean"], r[f"{key}_std"]) + flag)
         cells += [f"{refs[task][k]:g}" if k in refs[task] else "–" for k in ref_keys]
         lines.append("| " + " | ".join(cells) + " |")
+    if all("random" in r.references for r in runs):  # suites with a chance floor on every task
+        agg = aggregate_scores(runs, rows)
+        lines += ["", "## Aggregate", "",
+                  ("IQM of normalised greedy scores over tasks x seeds, 95% stratified bootstrap interval "
+                   "(rliable). Normalised score: (R - random) / (best - random), with `random` a uniform "
+                   "policy's return on the task and `best` the highest mean greedy return of that task in "
+                   "this table (our agents and the reference figures): 1 is the best of the table, 0 chance."),
+                  ""]
+        for a, v in agg.items():
+            if a != "_missing":
+                lines.append(f"* {a}: IQM {v['iqm']:.3f} [{v['low']:.3f}, {v['high']:.3f}] over {len(v['tasks'])} "
+                             f"tasks x seeds")
+        for a, lacking in agg["_missing"].items():
+            lines.append(f"* {a}: none yet (unfinished: {', '.join(lacking)})")
     lines += ["", "## Runs", "",
               "| agent | task | status | env steps | seeds | eval episodes | wall (s) | SPS | git | run dir |",
               "|---|---|---|---|---|---|---|---|---|---|"]

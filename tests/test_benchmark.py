@@ -7,6 +7,7 @@ import csv
 import json
 import shutil
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -270,3 +271,46 @@ def test_ctrl_c_in_the_driver_checkpoints_the_run_and_exits_cleanly(tmp_path):
     _, runs = plan(bench_cfg("suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]", "seeds=1",
                              "total_steps=2000000", f"out_dir={tmp_path}", extra=[*TINY, "log_interval=2000000"]))
     assert [state_of(r) for r in runs] == ["resume"]  # the same command again resumes it
+
+
+def test_aggregate_is_the_iqm_of_normalised_seed_scores_with_a_bootstrap_interval(tmp_path):
+    """aggregate_scores: per seed (R - random) / (best - random), best the highest mean greedy return of the
+    task in the table (references included, `random` excluded); the IQM over tasks x seeds equals the 25%
+    trimmed mean (NumPy/SciPy reference), inside its 95% interval; an agent with an unfinished task has no
+    aggregate and is listed with it."""
+    from scipy.stats import trim_mean
+
+    from scripts.benchmark import Run, aggregate_scores, result_row
+
+    evals = {("a", "t1"): [[2.0, 4.0], [6.0, 6.0], [1.0, 1.0]], ("b", "t1"): [[8.0], [10.0], [9.0]],
+             ("a", "t2"): [[0.0], [5.0], [10.0]], ("b", "t2"): [[3.0], [3.0], [3.0]]}
+    refs = {"t1": {"random": 1.0, "ppo": 5.0}, "t2": {"random": 0.0, "ppo": 20.0}}
+    runs = []
+    for (agent, task), ev in evals.items():
+        run = Run(agent, task, tmp_path / task / agent, [], refs[task])
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "summary.json").write_text(json.dumps({"env_steps": 10, "seeds": 3, "eval_returns": ev,
+                                                              "eval_return": float(np.mean(ev))}))
+        runs.append(run)
+    rows = [result_row(r) for r in runs]
+    agg = aggregate_scores(runs, rows, reps=2000)
+    best = {"t1": 9.0, "t2": 20.0}  # b's mean on t1; the ppo reference on t2
+    for agent in ("a", "b"):
+        norm = [(np.mean(evals[agent, t], axis=1) - refs[t]["random"]) / (best[t] - refs[t]["random"])
+                for t in ("t1", "t2")]
+        expected = trim_mean(np.concatenate(norm), 0.25)
+        assert agg[agent]["iqm"] == pytest.approx(expected, rel=1e-6)
+        assert agg[agent]["low"] <= expected <= agg[agent]["high"] and agg[agent]["low"] < agg[agent]["high"]
+    (runs[-1].run_dir / "summary.json").unlink()  # b/t2 unfinished
+    agg = aggregate_scores(runs, [result_row(r) for r in runs], reps=2000)
+    assert "b" not in agg and agg["_missing"] == {"b": ["t2"]} and "a" in agg
+
+
+@pytest.mark.parametrize("task", ["breakout"])
+def test_random_floor_of_the_minatar_suite_is_what_random_policy_return_gives(task):
+    """The suite yaml's `random` figure of a task is the uniform policy's mean return (seed 0, 1000 episodes)."""
+    from scripts.benchmark import random_policy_return
+
+    suite = compose(["suite=minatar"], config_name="benchmark").suite
+    assert random_policy_return(str(suite.tasks[task].overrides[0])) == pytest.approx(
+        suite.tasks[task].references.random, abs=5e-4)
