@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
-from rl.envs import env_config
+from rl.envs import env_config, make_source
 from rl.infra import checkpoint, memory
 from rl.runners import loop
 
@@ -46,16 +46,6 @@ def validate(cfg: DictConfig):
     their typed dataclasses (a `ConfigError` naming the key otherwise)."""
     check_top_level(cfg)
     return agent_config(cfg.agent), env_config(cfg.env)
-
-
-def _source(cfg: DictConfig, env_cfg):
-    if env_cfg.source == "envpool":
-        from rl.envs.envpool_env import build_source
-
-        return build_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))
-    from rl.envs.gymnax_source import make_source
-
-    return make_source(env_cfg, int(cfg.num_envs))
 
 
 def run_updates(agent, num_envs: int, total_steps: int) -> int:
@@ -86,7 +76,7 @@ def _make_agent(agent_cfg, source, total_steps: int):
 def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
     agent_cfg, env_cfg = validate(cfg)
-    source = _source(cfg, env_cfg)
+    source = make_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))  # built once, handed to the runner
     try:
         agent = _make_agent(agent_cfg, source, int(cfg.total_steps))
     except ValueError as e:  # settings the env's spaces cannot take (a torso for other observations, ...)
@@ -99,7 +89,7 @@ def build(cfg: DictConfig):
         return Sebulba(cfg, agent, source)
     from rl.runners.anakin import Anakin
 
-    return Anakin(cfg, agent)
+    return Anakin(cfg, agent, source)
 
 
 def _unfinished(run_dir: Path) -> bool:

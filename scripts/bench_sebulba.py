@@ -38,9 +38,9 @@ from scripts.bench_common import format_table, print_json_line
 
 
 def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
-    from rl.envs.envpool_env import EnvConfig, build_source
+    from rl.envs.envpool_source import EnvConfig, make_source
 
-    source = build_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
+    source = make_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
     env, n_act, rng = source.env, source.num_actions, np.random.default_rng(0)
     env.async_reset()
 
@@ -61,9 +61,9 @@ def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
 
 
 def raw_xla_sps(task: str, num_envs: int, batch: int, seconds: float, k: int = 256) -> float:
-    from rl.envs.envpool_env import EnvConfig, build_source
+    from rl.envs.envpool_source import EnvConfig, make_source
 
-    source = build_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
+    source = make_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
     handle, recv, send = source.xla()
 
     @jax.jit

@@ -243,7 +243,7 @@ MUTANTS: list[Mutant] = [
     M("anakin_carry_reset_on_termination_only", "rl/runners/anakin.py",
       "carry = reset_carry(carry, agent.initial_carry(self.num_envs), done)",
       "carry = reset_carry(carry, agent.initial_carry(self.num_envs), ts.terminated)", ANAKIN),
-    M("envpool_carry_stored_one_step_late", "rl/envs/envpool_source.py",
+    M("envpool_carry_stored_one_step_late", "rl/envs/envpool_tracking.py",
       "carry=jax.tree_util.tree_map(take, tracker.carry_before)",
       "carry=jax.tree_util.tree_map(take, tracker.carry)", ENVPOOL,
       why="the stored recurrent state is the one after acting, not before"),

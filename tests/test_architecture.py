@@ -113,4 +113,4 @@ def test_the_cycle_check_sees_imports_by_name():
     """The check is not blind to importlib: the agents registry loads every agent by an f-string, the env
     registry its sources by their dotted names."""
     assert {"agents.dqn", "agents.r2d2", "agents.muesli"} <= _edges("agents")
-    assert {"rl.envs.gymnax_source", "rl.envs.envpool_env"} <= _edges("rl.envs")
+    assert {"rl.envs.gymnax_source", "rl.envs.envpool_source"} <= _edges("rl.envs")

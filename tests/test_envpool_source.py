@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.envs.envpool_env import EnvConfig
-from rl.envs.envpool_source import Recv, init_tracker, make_source, track
+from rl.envs.envpool_source import EnvConfig, Recv
+from rl.envs.envpool_source import open_envpool
+from rl.envs.envpool_tracking import init_tracker, track
 
 MAX_STEPS = 40  # short CartPole episodes so that truncation happens often
 
@@ -116,7 +117,7 @@ def check_cartpole_rows(rows, max_steps=MAX_STEPS):
 
 @pytest.fixture(scope="module")
 def cartpole_host_run():
-    source = make_source("CartPole-v1", num_envs=16, batch_size=8, seed=3, max_episode_steps=MAX_STEPS)
+    source = open_envpool("CartPole-v1", num_envs=16, batch_size=8, seed=3, max_episode_steps=MAX_STEPS)
     log, outs = run_host(source, 500)
     source.close()
     return log, outs
@@ -164,7 +165,7 @@ def test_episode_statistics_per_env_do_not_carry_across_truncation(cartpole_host
 
 
 def test_atari_layout_life_loss_and_game_statistics():
-    source = make_source("Breakout-v5", num_envs=4, batch_size=2, seed=1)
+    source = open_envpool("Breakout-v5", num_envs=4, batch_size=2, seed=1)
     assert source.obs_shape == (84, 84, 4) and source.obs_dtype == np.uint8 and source.atari
     log, outs = run_host(source, 1000)
     source.close()
@@ -193,7 +194,7 @@ def test_atari_layout_life_loss_and_game_statistics():
 
 
 def test_xla_handle_inside_jit():
-    source = make_source("CartPole-v1", num_envs=16, batch_size=8, seed=5, max_episode_steps=MAX_STEPS)
+    source = open_envpool("CartPole-v1", num_envs=16, batch_size=8, seed=5, max_episode_steps=MAX_STEPS)
     handle, recv, send = source.xla()
 
     @functools.partial(jax.jit, static_argnums=3)
@@ -229,23 +230,23 @@ def test_xla_handle_inside_jit():
 
 def test_make_source_errors():
     with pytest.raises(ValueError, match="unknown envpool task id 'NoSuchEnv-v0'"):
-        make_source("NoSuchEnv-v0", 4, 2)
+        open_envpool("NoSuchEnv-v0", 4, 2)
     with pytest.raises(ValueError, match="batch_size <= num_envs"):
-        make_source("CartPole-v1", 4, 8)
+        open_envpool("CartPole-v1", 4, 8)
     with pytest.raises(ValueError, match="no option"):
-        make_source("CartPole-v1", 4, 2, frame_skip=4)
+        open_envpool("CartPole-v1", 4, 2, frame_skip=4)
 
 
 @pytest.mark.parametrize("key", ["actor_devices", "learner_devices"])
 def test_env_config_device_counts_are_positive_or_null(key):
-    """`env.actor_devices` / `env.learner_devices`: null or N >= 1 (rl/envs/envpool_env.py's EnvConfig)."""
+    """`env.actor_devices` / `env.learner_devices`: null or N >= 1 (rl/envs/envpool_source.py's EnvConfig)."""
     assert getattr(EnvConfig(**{key: 1}), key) == 1 and getattr(EnvConfig(**{key: None}), key) is None
     with pytest.raises(ValueError, match=f"env.{key} must be >= 1 or null, got 0"):
         EnvConfig(**{key: 0})
 
 
 def test_recv_fields_are_typed():
-    source = make_source("CartPole-v1", num_envs=4, batch_size=2)
+    source = open_envpool("CartPole-v1", num_envs=4, batch_size=2)
     source.reset()
     r = source.recv()
     source.close()

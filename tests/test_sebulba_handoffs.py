@@ -342,7 +342,7 @@ def test_two_actor_threads_write_their_own_rows(monkeypatch):
         pools[seed] = src.env
         return src
 
-    monkeypatch.setattr(sebulba, "build_source", fake_build)
+    monkeypatch.setattr(sebulba, "make_source", fake_build)
     runner = Sebulba(sebulba_cfg(8, 4, 2, "env.actor_threads=2", "seed=3"), VersionAgent(8), scripted_source(8, 4))
     assert sorted(pools) == [3, 7]
     state = runner.init()
@@ -375,7 +375,7 @@ def test_evaluation_is_greedy_scores_first_episodes_and_stops_at_eval_max_steps(
         return scripted_source(num_envs, batch_size, seed=seed, length=lambda e, n: 1 if n else 2 + e,
                                reward=lambda e, n, t, a: float(t) if a == 1 else -1.0, truncated=lambda e, n: False)
 
-    monkeypatch.setattr(sebulba, "build_source", fake_build)
+    monkeypatch.setattr(sebulba, "make_source", fake_build)
     expected = [sum(range(1, 3 + e)) for e in range(4)]  # 3, 6, 10, 15
     runner = Sebulba(sebulba_cfg(4, 2, 2), ExploringAgent(4), scripted_source(4, 2))
     scores = runner.evaluate(runner.init(), 4, jax.random.PRNGKey(0))

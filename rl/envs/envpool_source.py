@@ -1,4 +1,12 @@
-"""envpool as an asynchronous data source: recv batches in arbitrary env order -> per-env step-format data.
+"""envpool as an asynchronous env source (the Sebulba runner's envs): its config section, the source, the
+XLA handle and its probe. The per-env bookkeeping of its recvs is rl/envs/envpool_tracking.py.
+
+* `EnvConfig`: `configs/env/envpool/*.yaml` (`source: envpool`); the number of envs is the top-level
+  `num_envs`. Checked when built (`rl.envs.env_config`).
+* `make_source(env_cfg, num_envs, seed=0, batch_size=None)`: the `EnvpoolSource` (the registry's contract,
+  rl/envs/__init__.py); `open_envpool(task_id, ...)` the same from a task id and envpool options.
+* `use_xla(env_cfg)`: whether the actor runs envpool's XLA handle inside jit (`env.xla`: auto probes a
+  2-env copy of the task with one jitted recv + send; on requires it; off never uses it).
 
 envpool facts this module relies on (envpool 1.2.5, gymnasium API, probed):
 
@@ -12,11 +20,6 @@ envpool facts this module relies on (envpool 1.2.5, gymnasium API, probed):
 * Atari (`*-v5`) with `episodic_life=True` reports `terminated` at every life loss and then a reset step
   that continues the same game; `info["terminated"]` is the real game over and `info["reward"]` the
   unclipped reward. Images are `[stack, 84, 84]` uint8, channels first.
-
-`track` is the per-recv bookkeeping (pure, jittable): for each env it keeps the observation and action of
-its last act, so a recv for env `e` yields the transition `(obs[e], action[e], reward, terminated,
-truncated, next_obs)`, valid unless the recv is a reset step. It also keeps per-env episode statistics
-(score and length), which end at game over or truncation and never carry across either.
 
 Shapes: E = num_envs, M = batch_size (envs per recv).
 """
@@ -38,9 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from rl.envs.episodes import Episodes, EpisodeStats
-
-PyTree = Any
+from rl.config import ConfigError
 
 # envpool's own Atari preprocessing, as in the DQN paper (defaults of envpool differ: episodic_life and
 # reward_clip are off there).
@@ -144,8 +145,8 @@ class EnvpoolSource:
         self.env.close()
 
 
-def make_source(task_id: str, num_envs: int, batch_size: int, seed: int = 0, num_threads: int = 0,
-                max_episode_steps: int | None = None, **env_kwargs) -> EnvpoolSource:
+def open_envpool(task_id: str, num_envs: int, batch_size: int, seed: int = 0, num_threads: int = 0,
+                 max_episode_steps: int | None = None, **env_kwargs) -> EnvpoolSource:
     """Build an envpool env (gymnasium API). Atari tasks get `ATARI_DEFAULTS` unless overridden in
     `env_kwargs`; other keyword arguments go to `envpool.make` as they are."""
     if task_id not in envpool.list_all_envs():
@@ -175,87 +176,81 @@ def make_source(task_id: str, num_envs: int, batch_size: int, seed: int = 0, num
                          obs_dtype=np.dtype(space.dtype), num_actions=int(env.action_space.n), atari=atari)
 
 
-# --------------------------------------------------------------------------------------------------------
-# Per-env bookkeeping: recv -> transitions (pure, jittable).
+@dataclasses.dataclass
+class EnvConfig:
+    """`configs/env/envpool/*.yaml` (`source: envpool`). The number of envs is the top-level `num_envs`."""
+
+    source: str = "envpool"
+    id: str = "CartPole-v1"  # any envpool task id with discrete actions, e.g. Pong-v5, Breakout-v5
+    batch_size: int | None = None  # envs per recv; null: num_envs // 2 (async); = num_envs: sync mode
+    num_threads: int = 0  # envpool worker threads (0: envpool's default)
+    max_episode_steps: int | None = None  # null: the task's own limit
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # further envpool.make options
+    recvs_per_chunk: int = 16  # K: recvs per actor chunk (one jitted rollout, one learner update)
+    queue_size: int = 2  # Q: chunks the actor may run ahead of the learner
+    sync_interval: int = 1  # chunks between two copies of the agent state to the actor
+    xla: str = "auto"  # envpool's XLA handle inside jit: auto (probe, else host loop) | on | off
+    eval_max_steps: int | None = None  # recv cap of the final evaluation (null: 2 x the episode limit)
+    # Several actor threads and devices (rl/runners/sebulba.py): each thread owns num_envs / actor_threads envs
+    # (batch_size / actor_threads per recv) and acts on actor device (thread index % actor devices).
+    actor_threads: int = 1
+    actor_devices: int | None = None  # null: act on device 0 (with the learner); N: the first N devices act
+    learner_devices: int | None = None  # null: device 0, or all devices after the actors'; M: M devices learn
+
+    def __post_init__(self):
+        import envpool
+
+        if self.source != "envpool":
+            raise ValueError(f"env.source must be 'envpool' for an envpool env config, got {self.source!r}")
+        if self.id not in envpool.list_all_envs():
+            raise ValueError(f"env.id={self.id!r} is not an envpool task id; see envpool.list_all_envs()")
+        for key in ("recvs_per_chunk", "queue_size", "sync_interval", "actor_threads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"env.{key} must be >= 1, got {getattr(self, key)}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"env.batch_size must be >= 1 or null, got {self.batch_size}")
+        for key in ("actor_devices", "learner_devices"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"env.{key} must be >= 1 or null, got {getattr(self, key)}")
+        if self.xla not in ("auto", "on", "off"):
+            raise ValueError(f"env.xla must be auto, on or off, got {self.xla!r}")
 
 
-@struct.dataclass
-class Tracker:
-    """What the actor remembers per env between two recvs of that env. Leading dim E.
-
-    obs / action: the observation the env's last action was taken in, and that action. carry: the recurrent
-    state to act with next (after the last act); carry_before: the one the last act started from (stored
-    with the step); extras: what the last act returned besides actions (e.g. behaviour logits).
-    new_episode: the env's next recv is a reset step (initially all True). stats: running statistics of
-    the current (reported) episode, in raw reward and transitions.
-    """
-
-    obs: jax.Array
-    action: jax.Array
-    carry: PyTree
-    carry_before: PyTree
-    extras: PyTree
-    new_episode: jax.Array
-    stats: EpisodeStats
+def make_source(env_cfg: EnvConfig, num_envs: int, seed: int = 0, batch_size: int | None = None) -> EnvpoolSource:
+    """`num_envs` envs of `env_cfg.id` seeded from `seed`, `batch_size` (default: `env.batch_size`, else
+    num_envs // 2) envs per recv."""
+    batch = batch_size or env_cfg.batch_size or max(num_envs // 2, 1)
+    if batch > num_envs:
+        raise ConfigError(f"env.batch_size={batch} exceeds num_envs={num_envs}")
+    return open_envpool(env_cfg.id, num_envs, batch, seed=seed, num_threads=env_cfg.num_threads,
+                        max_episode_steps=env_cfg.max_episode_steps, **dict(env_cfg.kwargs))
 
 
-@struct.dataclass
-class Transition:
-    """Step-format data of one recv (leading dim M); entries where `valid` is False are reset steps."""
+def xla_handle_works(env_cfg: EnvConfig) -> bool:
+    """Probe envpool's XLA handle on a small env of the same task: one jitted recv + send."""
+    try:
+        probe = make_source(env_cfg, 2, seed=0, batch_size=1)
+        handle, recv, send = probe.xla()
 
-    obs: jax.Array
-    action: jax.Array
-    reward: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
-    next_obs: jax.Array
-    carry: PyTree  # carry the action was chosen with
-    extras: PyTree
-    valid: jax.Array
+        @jax.jit
+        def once(h):
+            h, r = recv(h)
+            return send(h, jnp.zeros_like(r.env_id), r.env_id), r.env_id
 
-
-def init_tracker(num_envs: int, obs_example, carry: PyTree, extras_example: PyTree) -> Tracker:
-    """`carry`: the initial carry for `num_envs` envs (leading dim E); `extras_example`: one env's extras
-    (unbatched; shapes and dtypes only)."""
-    obs_example = jnp.asarray(obs_example)
-    zeros = lambda x: jnp.zeros((num_envs,) + tuple(jnp.shape(x)), jnp.result_type(x))
-    return Tracker(obs=zeros(obs_example), action=jnp.zeros((num_envs,), jnp.int32), carry=carry,
-                   carry_before=jax.tree_util.tree_map(jnp.copy, carry), extras=jax.tree_util.tree_map(zeros, extras_example),
-                   new_episode=jnp.ones((num_envs,), bool), stats=EpisodeStats.zeros(num_envs))
+        probe.reset()
+        _, ids = once(handle)
+        ok = np.asarray(ids).shape == (1,) and int(np.asarray(ids)[0]) in (0, 1)
+        probe.close()
+        return ok
+    except Exception as e:  # noqa: BLE001 - any failure means: use the host loop
+        warnings.warn(f"envpool XLA handle unusable ({type(e).__name__}: {e}); using the host loop", stacklevel=2)
+        return False
 
 
-def track(tracker: Tracker, recv: Recv, obs: jax.Array, act: Callable, initial_carry: PyTree
-          ) -> tuple[Tracker, jax.Array, Transition, Episodes]:
-    """Bookkeeping for one recv. Pure; call inside jit.
-
-    obs: `[M, *obs_shape]` the recv's observations in the agent's layout. act: `act(obs, carry) -> (actions
-    [M], carry, extras)` with carry/extras leading dim M. initial_carry: carry of M fresh episodes.
-    Returns the updated tracker, the actions to send for `recv.env_id`, the transitions (valid except on
-    reset steps) and the episodes this recv ended. The carry of an env is reset to `initial_carry` on its
-    reset step, before acting on the new episode's first observation.
-    """
-    ids = recv.env_id
-    take = lambda x: x[ids]
-    fresh = tracker.new_episode[ids]
-    valid = ~fresh
-    transition = Transition(obs=tracker.obs[ids], action=tracker.action[ids], reward=recv.reward,
-                            terminated=recv.terminated, truncated=recv.truncated, next_obs=obs,
-                            carry=jax.tree_util.tree_map(take, tracker.carry_before),
-                            extras=jax.tree_util.tree_map(take, tracker.extras), valid=valid)
-
-    carry_in = jax.tree_util.tree_map(take, tracker.carry)
-    carry_in = jax.tree_util.tree_map(
-        lambda c, c0: jnp.where(fresh.reshape(fresh.shape + (1,) * (c.ndim - 1)), c0, c), carry_in, initial_carry)
-    actions, carry_out, extras = act(obs, carry_in)
-    actions = actions.astype(jnp.int32)
-
-    stats, episodes = tracker.stats.update(recv.score, recv.episode_over, env_ids=ids, counted=valid)
-
-    put = lambda dst, src: dst.at[ids].set(src)
-    tracker = Tracker(
-        obs=put(tracker.obs, obs), action=put(tracker.action, actions),
-        carry=jax.tree_util.tree_map(put, tracker.carry, carry_out),
-        carry_before=jax.tree_util.tree_map(put, tracker.carry_before, carry_in),
-        extras=jax.tree_util.tree_map(put, tracker.extras, extras),
-        new_episode=put(tracker.new_episode, recv.terminated | recv.truncated), stats=stats)
-    return tracker, actions, transition, episodes
+def use_xla(env_cfg: EnvConfig) -> bool:
+    if env_cfg.xla == "off":
+        return False
+    works = xla_handle_works(env_cfg)
+    if env_cfg.xla == "on" and not works:
+        raise RuntimeError(f"env.xla=on but envpool's XLA handle does not work for {env_cfg.id}")
+    return works

@@ -1,6 +1,6 @@
 """gymnax envs as a batched, auto-resetting, jittable source (the Anakin runner's envs).
 
-`make_source(env_cfg, num_envs)` returns a `GymnaxSource` whose `reset`/`step` are vmapped over `E =
+`make_source(env_cfg, num_envs, seed=0)` returns a `GymnaxSource` whose `reset`/`step` are vmapped over `E =
 num_envs` envs and pure (usable inside jit / scan / vmap over seeds):
 
     reset(key) -> (env_state, obs [E, *obs_shape])
@@ -85,8 +85,10 @@ class GymnaxSource:
         return env_state, ts
 
 
-def make_source(env_cfg: Any, num_envs: int) -> GymnaxSource:
-    """Build the source from an `EnvConfig` (or its yaml section)."""
+def make_source(env_cfg: Any, num_envs: int, seed: int = 0, batch_size: int | None = None) -> GymnaxSource:
+    """Build the source from an `EnvConfig` (or its yaml section); the registry's contract
+    (rl/envs/__init__.py). `seed` and `batch_size` are unused: gymnax draws from the keys `reset`/`step`
+    take, and every step returns all envs."""
     from rl.config import to_dataclass
 
     cfg = to_dataclass(EnvConfig, env_cfg, "env")

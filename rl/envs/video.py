@@ -83,7 +83,7 @@ def check_path(path: str | Path) -> Path:
 def _is_atari(task_id: str) -> bool:
     import envpool
 
-    fields = envpool.make_spec(task_id).config._fields  # as rl.envs.envpool_source.make_source tells Atari
+    fields = envpool.make_spec(task_id).config._fields  # as rl.envs.envpool_source.open_envpool tells Atari
     return "frame_skip" in fields and "episodic_life" in fields
 
 
@@ -239,9 +239,9 @@ def _gymnax_episodes(env_cfg, policy, episodes: int, key: jax.Array, max_frames:
 
 
 def _envpool_episodes(env_cfg, policy, episodes: int, key: jax.Array, seed: int, max_frames: int):
-    from rl.envs.envpool_env import build_source
+    from rl.envs.envpool_source import make_source as make_envpool
 
-    source = build_source(env_cfg, 1, seed=seed, batch_size=1)  # sync: one env, one recv per step
+    source = make_envpool(env_cfg, 1, seed=seed, batch_size=1)  # sync: one env, one recv per step
     render = renderer(env_cfg)
     draw = render.frame
     carry, frames, returns, score, fresh = policy.initial_carry(1), [], [], 0.0, False

@@ -32,7 +32,7 @@ from flax import struct
 from omegaconf import DictConfig
 
 from rl.envs.episodes import EpisodeStats
-from rl.envs.gymnax_source import make_source
+from rl.envs import make_source
 from rl.infra import sharding
 from rl.learning.agent import reset_carry
 from rl.runners import guard
@@ -58,11 +58,12 @@ class Anakin:
 
     cheap_eval = True  # greedy episodes vmapped inside jit (rl/runners/evaluate.py)
 
-    def __init__(self, cfg: DictConfig, agent):
-        """`agent` follows rl/learning/agent.py, built for `make_source(cfg.env, cfg.num_envs)`'s spaces."""
+    def __init__(self, cfg: DictConfig, agent, source=None):
+        """`agent` follows rl/learning/agent.py, built for the spaces of `source` (`rl.envs.make_source(cfg.env,
+        cfg.num_envs)`, built here when not given)."""
         self.cfg = cfg
         self.num_seeds, self.num_envs = int(cfg.seeds), int(cfg.num_envs)
-        self.source = make_source(cfg.env, self.num_envs)
+        self.source = source if source is not None else make_source(cfg.env, self.num_envs)
         self.agent = agent
         self.train_step = guard.guard(agent.train_step, cfg.get("on_nonfinite", "stop"))
         self.steps_per_iter = self.num_envs * int(self.agent.train_interval)

@@ -15,7 +15,7 @@ the agent). One process; by default two threads and one JAX device (several: see
   actor acts with published copies (policy lag <= Q + sync_interval chunks; with T actor threads, chunks
   of each thread).
 * Env steps count every recv'd step (reset steps too); each recv's steps are written per `env_id` with the
-  transition mask of `rl.envs.envpool_source.track`, so every row holds its env's transitions in time order.
+  transition mask of `rl.envs.envpool_tracking.track`, so every row holds its env's transitions in time order.
 * A chunk's train steps run in calls of about `SUBCHUNK_S` seconds (rl/runners/loop.py; one call unless
   they are slow: R2D2 on Atari on a CPU), so a signal is answered between them; the steps still owed for
   the last chunk are part of the state and its env steps are counted once they are done.
@@ -54,8 +54,8 @@ from omegaconf import DictConfig
 
 from rl.config import ConfigError
 from rl.envs import env_config
-from rl.envs.envpool_env import build_source, use_xla
-from rl.envs.envpool_source import EnvpoolSource, track
+from rl.envs.envpool_source import EnvpoolSource, make_source, use_xla
+from rl.envs.envpool_tracking import track
 from rl.infra import sharding
 from rl.runners import loop
 from rl.runners.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
@@ -126,8 +126,8 @@ class Sebulba:
             per = num_envs // threads
             workers = self.env_cfg.num_threads or os.cpu_count() or 1
             pool_cfg = dataclasses.replace(self.env_cfg, num_threads=max(1, -(-workers // threads)))
-            self.sources = [build_source(pool_cfg, per, seed=int(cfg.seed) + i * per,
-                                         batch_size=batch // threads) for i in range(threads)]
+            self.sources = [make_source(pool_cfg, per, seed=int(cfg.seed) + i * per,
+                                        batch_size=batch // threads) for i in range(threads)]
         self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=i * src.num_envs)
                          for i, src in enumerate(self.sources)]
         self.rollout = self.rollouts[0]
@@ -300,7 +300,7 @@ def evaluate(agent, agent_state, env_cfg, episodes: int, seed: int, key: jax.Arr
              max_recvs: int | None = None) -> np.ndarray:
     """Scores `[episodes]` of one whole episode per env of a fresh sync envpool, acting with
     `explore=False`."""
-    source = build_source(env_cfg, episodes, seed=seed, batch_size=episodes)
+    source = make_source(env_cfg, episodes, seed=seed, batch_size=episodes)
     limit = max_recvs or 2 * int(source.env.spec.config.max_episode_steps) + 10
     tracker = new_tracker(agent, agent_state, source, explore=False)
 

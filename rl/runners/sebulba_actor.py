@@ -1,7 +1,7 @@
 """The Sebulba actor: the compiled rollout of K recvs and the thread that runs it.
 
 `Rollout(agent, source, recvs_per_chunk, use_xla)` compiles one actor chunk: K x [recv -> `track` -> act
--> `make_step` -> send] (rl/envs/envpool_source.py). With `use_xla` the K steps are one `lax.scan` over
+-> `make_step` -> send] (rl/envs/envpool_tracking.py). With `use_xla` the K steps are one `lax.scan` over
 envpool's XLA handle inside jit; otherwise one jitted call per recv between the host's `recv()` and
 `send()`. Each chunk's per-recv keys come from `fold_in(key, chunk index)` inside jit.
 
@@ -32,7 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from rl.envs.envpool_source import EnvpoolSource, Episodes, Recv, init_tracker, track
+from rl.envs.envpool_source import EnvpoolSource, Recv
+from rl.envs.episodes import Episodes
+from rl.envs.envpool_tracking import init_tracker, track
 
 
 @struct.dataclass

@@ -13,7 +13,7 @@ import pytest
 
 from buffers.sequences import make_sequence_buffer
 from rl.config import compose
-from rl.envs.envpool_env import build_source
+from rl.envs import make_source
 from rl.learning.agent import episode_done
 from rl.runners.anakin import Anakin
 from rl.runners.sebulba import Sebulba
@@ -91,7 +91,7 @@ def test_anakin_writes_the_steps_and_the_carry_before_acting():
 def test_sebulba_writes_the_steps_and_the_carry_before_acting(xla):
     cfg = compose(["agent=dqn", "env=envpool/cartpole", f"env.max_episode_steps={LIMIT}", "logger=none",
                    "num_envs=6", "env.batch_size=3", "env.recvs_per_chunk=8", f"env.xla={xla}"])
-    source = build_source(cfg.env, 6, seed=0)
+    source = make_source(cfg.env, 6, seed=0)
     runner = Sebulba(cfg, RecordingAgent(6, 256), source)
     state = runner.init()
     with runner.session(state, 0) as session:
