@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.envs.envpool_source import EnvConfig, Recv
-from rl.envs.envpool_source import open_envpool
+from rl.envs.envpool_source import EnvConfig, Recv, open_envpool
 from rl.envs.envpool_tracking import init_tracker, track
 
 MAX_STEPS = 40  # short CartPole episodes so that truncation happens often

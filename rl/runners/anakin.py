@@ -31,8 +31,8 @@ import numpy as np
 from flax import struct
 from omegaconf import DictConfig
 
-from rl.envs.episodes import EpisodeStats
 from rl.envs import make_source
+from rl.envs.episodes import EpisodeStats
 from rl.infra import sharding
 from rl.learning.agent import reset_carry
 from rl.runners import guard

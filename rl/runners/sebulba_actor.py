@@ -33,8 +33,8 @@ import numpy as np
 from flax import struct
 
 from rl.envs.envpool_source import EnvpoolSource, Recv
-from rl.envs.episodes import Episodes
 from rl.envs.envpool_tracking import init_tracker, track
+from rl.envs.episodes import Episodes
 
 
 @struct.dataclass
