@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from pathlib import Path
 
 import jax
@@ -39,6 +38,7 @@ from rl.config import ConfigError, check_resumable, check_top_level, compose, re
 from rl.envs import env_config, make_source
 from rl.infra import checkpoint, memory
 from rl.runners import loop
+from rl.runners.replay_ratio import ReplayRatio
 
 
 def validate(cfg: DictConfig):
@@ -48,19 +48,9 @@ def validate(cfg: DictConfig):
     return agent_config(cfg.agent), env_config(cfg.env)
 
 
-def run_updates(agent, num_envs: int, total_steps: int) -> int:
-    """Gradient steps a run of `total_steps` env steps per seed takes: one train step per `num_envs x
-    train_interval` env steps from the first such iteration that reaches `learning_starts` (both runners'
-    rule), times `updates_per_train` (DQN)."""
-    per_iter = num_envs * int(agent.train_interval)
-    first = max(math.ceil(agent.learning_starts / per_iter), 1)
-    train_steps = max(math.ceil(total_steps / per_iter) - first + 1, 1)
-    return train_steps * int(getattr(agent.cfg, "updates_per_train", 1))
-
-
 def _make_agent(agent_cfg, source, total_steps: int):
     """The agent for the source's spaces; `optim.lr_schedule=linear` with `optim.lr_decay_updates=0` decays
-    over the whole run (`run_updates`; a resume with a larger total_steps stretches the rest of the decay)."""
+    over the whole run (`ReplayRatio.run_updates`; a resume with a larger total_steps stretches the rest of the decay)."""
     def make(c):
         return make_agent(c, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
                           num_actions=source.num_actions, num_envs=source.num_envs)
@@ -69,7 +59,7 @@ def _make_agent(agent_cfg, source, total_steps: int):
     if optim.lr_schedule != "linear" or optim.lr_decay_updates > 0:
         return make(agent_cfg)
     constant = make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_schedule="constant")))
-    whole_run = run_updates(constant, source.num_envs, total_steps)
+    whole_run = ReplayRatio.of(constant, source.num_envs).run_updates(total_steps)
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 

@@ -124,20 +124,6 @@ def test_host_loop_pipeline_rows_follow_cartpole_dynamics():
     assert float(out.episodes[0]) == dones and int(out.updates[0]) == 0  # no update ran
 
 
-def test_replay_ratio_matches_anakin_schedule():
-    """One train step per train_interval * num_envs env steps, from the first such multiple reaching
-    learning_starts (Anakin's iteration schedule)."""
-    class A:
-        train_interval, learning_starts = 2, 100
-
-    runner = Learner.__new__(Learner)
-    runner.agent, runner.steps_per_update = A(), 8 * 2
-    # Anakin: iteration i (every 16 env steps) trains when i >= ceil(100 / 16) = 7.
-    for steps in (0, 16 * 6, 16 * 7 - 1, 16 * 7, 16 * 7 + 15, 16 * 50):
-        expected = sum(1 for i in range(1, steps // 16 + 1) if i >= 7)
-        assert runner.updates_due(steps) == expected, steps
-
-
 def test_config_errors():
     with pytest.raises(ConfigError, match="one seed per run"):
         build(compose_cfg("seeds=2"))

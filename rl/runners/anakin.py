@@ -37,6 +37,7 @@ from rl.infra import sharding
 from rl.learning.agent import reset_carry
 from rl.runners import guard
 from rl.runners.evaluate import seeds_evaluator
+from rl.runners.replay_ratio import ReplayRatio
 from rl.runners.totals import Totals
 
 
@@ -66,8 +67,9 @@ class Anakin:
         self.source = source if source is not None else make_source(cfg.env, self.num_envs)
         self.agent = agent
         self.train_step = guard.guard(agent.train_step, cfg.get("on_nonfinite", "stop"))
-        self.steps_per_iter = self.num_envs * int(self.agent.train_interval)
-        self.learn_iter = max(math.ceil(self.agent.learning_starts / self.steps_per_iter), 1)
+        ratio = ReplayRatio.of(agent, self.num_envs)  # one train step per iteration from learn_iter on
+        self.steps_per_iter = ratio.env_steps_per_update
+        self.learn_iter = ratio.first_update // self.steps_per_iter
         self.total_iters = math.ceil(int(cfg.total_steps) / self.steps_per_iter)
         self.train_from = (self.learn_iter - 1) * self.steps_per_iter  # env steps before the first train step
         # Several devices (cfg.mesh): same program, state placed by rl/infra/sharding.py; the host loop runs

@@ -10,18 +10,17 @@ A chunk whose train steps take long (R2D2 on Atari on a CPU: ~20 s each) is trai
 most `cap()` steps (about `SUBCHUNK_S` seconds at the measured seconds per step, `record`), so the host loop
 can answer a signal between them; the runner carries the steps still owed (rl/runners/sebulba.py).
 
-Replay ratio as in Anakin: one train step per `agent.train_interval * num_envs` env steps received, from
-the first multiple of it that reaches `agent.learning_starts` (`updates_due`).
+Replay ratio as in Anakin (rl/runners/replay_ratio.py): one train step per `agent.train_interval * num_envs`
+env steps received, from the first multiple of it that reaches `agent.learning_starts` (`updates_due`).
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
 
 from rl.runners import guard
+from rl.runners.replay_ratio import ReplayRatio
 from rl.runners.sebulba_actor import Chunk
 from rl.runners.totals import Totals
 
@@ -30,7 +29,7 @@ class Learner:
     def __init__(self, agent, num_envs: int, on_nonfinite: str = "stop"):
         self.agent = agent
         self.train_step = guard.guard(agent.train_step, on_nonfinite)
-        self.steps_per_update = num_envs * int(agent.train_interval)
+        self.ratio = ReplayRatio.of(agent, num_envs)
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2, 3))
         self.step_s: float | None = None  # measured seconds per train step (None: not yet)
 
@@ -70,7 +69,7 @@ class Learner:
     @property
     def train_from(self) -> int:
         """The env step at which the first train step is owed."""
-        return max(math.ceil(self.agent.learning_starts / self.steps_per_update), 1) * self.steps_per_update
+        return self.ratio.first_update
 
     def cap(self, budget_s: float) -> int:
         """Train steps per call: about `budget_s` seconds of them (1 until measured)."""
@@ -83,4 +82,4 @@ class Learner:
 
     def updates_due(self, env_steps: int) -> int:
         """Train steps owed after `env_steps` env steps (cumulative)."""
-        return max((env_steps - self.train_from) // self.steps_per_update + 1, 0)
+        return self.ratio.updates_due(env_steps)
