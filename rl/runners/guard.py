@@ -3,8 +3,9 @@
 `guard(train_step, mode)` wraps an agent's `train_step(state, buffer_state, key)` and returns
 `(state, buffer_state, metrics, bad)` where `bad` maps every metric name and `"params"` (any float leaf
 of the updated agent state) to a bool scalar: True when that value is not finite after this update.
-No host round-trip: runners reduce `bad` over a chunk with `first_bad_step` and the host loop reads it
-with the chunk's other metrics (rl/runners/loop.py).
+No host round-trip: both runners fold `bad` into their interval totals (`Totals.add_update` in
+rl/runners/totals.py: the first env step each name was non-finite) and the host loop reads it with the other
+metrics (rl/runners/loop.py).
 
 * `mode="stop"` (default of `on_nonfinite`): the update is applied as computed; the host loop raises a
   `NonFiniteError` at the end of the chunk, naming the metric and the env step, without checkpointing the
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 MODES = ("stop", "skip")
-NOT_SEEN = -1  # `first_bad_step` value of a metric that stayed finite
+NOT_SEEN = -1  # first non-finite env step of a metric that stayed finite (rl/runners/totals.py)
 
 
 class NonFiniteError(FloatingPointError):
@@ -56,18 +57,8 @@ def guard(train_step: Callable, mode: str = "stop") -> Callable:
     return step
 
 
-def first_bad_step(bad: dict[str, jax.Array], steps: jax.Array) -> dict[str, jax.Array]:
-    """Per name, the first of `steps` ([N], env step of each update) where `bad[name]` ([N, ...]) is set in
-    any seed, or `NOT_SEEN`: `{name: int32 scalar}`."""
-    out = {}
-    for k, b in bad.items():
-        hit = b.reshape(b.shape[0], -1).any(axis=1)
-        out[k] = jnp.where(hit.any(), steps[jnp.argmax(hit)], NOT_SEEN).astype(jnp.int32)
-    return out
-
-
 def check(first_bad: dict[str, int]) -> None:
-    """Raise `NonFiniteError` for the earliest non-finite value of a chunk's `first_bad_step` result."""
+    """Raise `NonFiniteError` for the earliest non-finite value of an interval's totals (`{name: first env step}`)."""
     seen = {k: int(v) for k, v in first_bad.items() if int(v) != NOT_SEEN}
     if not seen:
         return
