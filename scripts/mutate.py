@@ -74,8 +74,8 @@ class Mutant:
 # --- test selections (pytest arguments); keep them fast ----------------------------------------------------
 DQN_LOSS = ("tests/agents/test_dqn.py", "-k", "reference or prioritised or update_matches")
 DQN_ALL = ("tests/agents/test_dqn.py",)
-TARGETS = ("tests/rl/test_targets.py", "-k", "q_target or td_loss")
-RETRACE = ("tests/rl/test_retrace.py",)
+TARGETS = ("tests/rl/learning/test_targets.py", "-k", "q_target or td_loss")
+RETRACE = ("tests/rl/learning/test_retrace.py",)
 MUESLI = ("tests/agents/test_muesli.py", "-k", "reference or ema or cmpo or unroll_masks")
 R2D2_TD = ("tests/agents/test_r2d2.py", "-k", "sequence or valid_td or burn_in or epsilons or rescaling")
 R2D2_TRAIN = ("tests/agents/test_r2d2.py", "-k", "train_step or importance")
@@ -83,9 +83,9 @@ BUF_PRIORITISED = ("tests/buffers/test_prioritised.py",)
 BUF_NSTEP = ("tests/buffers/test_nstep.py",)
 BUF_SUMTREE = ("tests/buffers/test_sumtree.py",)
 BUF_SEQUENCES = ("tests/buffers/test_sequences.py", "-k", "priorit")
-CATEGORICAL = ("tests/rl/test_categorical.py",)
-ANAKIN = ("tests/rl/test_anakin.py", "tests/rl/test_runner_steps.py")
-ENVPOOL = ("tests/test_envpool_source.py", "tests/rl/test_runner_steps.py")
+CATEGORICAL = ("tests/rl/learning/test_categorical.py",)
+ANAKIN = ("tests/rl/runners/test_anakin.py", "tests/rl/runners/test_runner_steps.py")
+ENVPOOL = ("tests/rl/envs/test_envpool_source.py", "tests/rl/runners/test_runner_steps.py")
 
 
 MUESLI_FILES = "agents/muesli/agent.py|agents/muesli/targets.py|agents/muesli.py"  # package, or the old module
@@ -260,11 +260,11 @@ MUESLI_TESTS = ("tests/agents/test_muesli.py", "tests/agents/test_muesli_options
 SEQUENCE_TESTS = ("tests/buffers/test_sequences.py", "tests/buffers/test_online_queue.py",
                   "tests/buffers/test_sequence_bad_inputs.py", "tests/buffers/test_sequence_hlo.py")
 TESTS_OF: dict[str, tuple[str, ...]] = {
-    "agents/__init__.py": ("tests/test_configs.py", "tests/agents/test_dqn.py", "tests/test_option_coverage.py"),
-    "rl/config.py": ("tests/test_configs.py", "tests/test_presets.py", "tests/test_option_coverage.py",
-                     "tests/test_resume.py"),
-    "rl/experiment.py": ("tests/test_entry_points.py", "tests/rl/test_runner_options.py", "tests/test_configs.py",
-                         "tests/test_resume.py"),
+    "agents/__init__.py": ("tests/configs/test_configs.py", "tests/agents/test_dqn.py", "tests/test_option_coverage.py"),
+    "rl/config.py": ("tests/configs/test_configs.py", "tests/configs/test_presets.py", "tests/test_option_coverage.py",
+                     "tests/rl/runners/test_resume.py"),
+    "rl/experiment.py": ("tests/rl/test_entry_points.py", "tests/rl/runners/test_runner_options.py", "tests/configs/test_configs.py",
+                         "tests/rl/runners/test_resume.py"),
     "agents/muesli/agent.py": MUESLI_TESTS,  # the tests import the package, which re-exports these two
     "agents/muesli/targets.py": MUESLI_TESTS,
     "buffers/counted.py": SEQUENCE_TESTS,  # the sequence buffer's weight strategies and online queue
@@ -273,7 +273,7 @@ TESTS_OF: dict[str, tuple[str, ...]] = {
     "buffers/tree_weights.py": SEQUENCE_TESTS,
     "rl/learning/exploration.py": ("tests/agents/test_dqn.py", "tests/agents/test_r2d2.py"),
     "rl/learning/target_update.py": ("tests/agents/test_dqn.py", "tests/agents/test_muesli.py"),
-    "rl/runners/totals.py": ("tests/rl/test_runner_options.py", "tests/test_faults.py", "tests/test_resume.py"),
+    "rl/runners/totals.py": ("tests/rl/runners/test_runner_options.py", "tests/rl/runners/test_faults.py", "tests/rl/runners/test_resume.py"),
 }
 
 # Mutants that cannot change behaviour, keyed by (file, the stripped source line, operator), with the reason.

@@ -52,7 +52,7 @@ def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
     overrides = [f"resume={run_dir}", f"total_steps={second}"]
     res2 = run(compose(overrides), run_dir + "-unused", overrides)
     # More train steps only where the data allows one (R2D2's paper sequences of 80 rarely fit in CartPole
-    # episodes); resumed training itself is checked bit for bit in tests/rl/test_anakin.py.
+    # episodes); resumed training itself is checked bit for bit in tests/rl/runners/test_anakin.py.
     assert res2["run_dir"] == run_dir and updates(res2["state"]) >= n, updates(res2["state"])
     with open(f"{run_dir}/metrics.csv") as f:
         rows = list(csv.DictReader(f))

@@ -13,7 +13,7 @@ placement of its state changes ("computation follows data", jit + `NamedSharding
 * The agent calls `shard_batch(batch)` on what it sampled: each device computes the loss and gradients
   of `B / D` samples (`D` = data devices) and XLA all-reduces the gradients, i.e. data-parallel gradient
   averaging with the exact semantics of the one-device mean over `B`. So a D-device run equals the
-  one-device run with the same global batch up to float summation order (tests/test_sharding.py).
+  one-device run with the same global batch up to float summation order (tests/rl/infra/test_sharding.py).
   (With `shard_map` instead, the gradient of replicated params is already summed over devices: a further
   `pmean` would scale the update by D. Not needed here.)
 * Without a mesh (one device, the default) every function here is the identity: the runner's

@@ -1,4 +1,4 @@
-"""Sebulba over several (CPU-forced) devices, run in a subprocess by tests/test_sebulba_multidevice.py with
+"""Sebulba over several (CPU-forced) devices, run in a subprocess by tests/rl/runners/test_sebulba_multidevice.py with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N` (JAX must start with it).
 
     python tests/multidevice/sebulba_run.py learner OUT.json

@@ -1,4 +1,4 @@
-"""A miniature Anakin loop run in a subprocess by tests/test_sharding.py (JAX must start with the forced
+"""A miniature Anakin loop run in a subprocess by tests/rl/infra/test_sharding.py (JAX must start with the forced
 device count, so this never runs inside the pytest process).
 
 `python tests/multidevice/toy_runner.py DEVICES SEED_DEVICES OUT.json` with
@@ -71,7 +71,7 @@ def make_run(report=None):
 
 
 def main(devices: int, seed_devices: int, out: str) -> None:
-    if "JAX_NUM_PROCESSES" in os.environ:  # one of several processes (tests/test_sharding.py)
+    if "JAX_NUM_PROCESSES" in os.environ:  # one of several processes (tests/rl/infra/test_sharding.py)
         distributed.initialize({"enabled": True, "coordinator_address": os.environ["JAX_COORDINATOR_ADDRESS"],
                                 "num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
                                 "process_id": int(os.environ["JAX_PROCESS_ID"])})

@@ -1,4 +1,4 @@
-"""One real training run (scripts.train.run) in a subprocess started by tests/test_sharding.py with
+"""One real training run (scripts.train.run) in a subprocess started by tests/rl/infra/test_sharding.py with
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`.
 
 `python tests/multidevice/train_run.py OUT.json RUN_DIR key=value ...` writes the final agent params, the

@@ -1,4 +1,4 @@
-"""scripts/plot.py on fake logs laid out like a hydra sweep (real logs: tests/test_sweeps.py)."""
+"""scripts/plot.py on fake logs laid out like a hydra sweep (real logs: tests/rl/infra/test_sweeps.py)."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def test_train_console_has_only_our_lines(tmp_path, env, steps):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     env_vars = {k: v for k, v in os.environ.items() if k not in ("WANDB_SILENT", "PYTHONWARNINGS")}
     env_vars.update(WANDB_MODE="", PYTHONPATH=str(root))
     proc = subprocess.run(

@@ -18,7 +18,7 @@ from jax.sharding import AbstractMesh
 
 from rl.infra import distributed, sharding
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TOY = ROOT / "tests" / "multidevice" / "toy_runner.py"
 TRAIN = ROOT / "tests" / "multidevice" / "train_run.py"
 # DQN on CartPole, small enough to compile fast; epsilon decays within the run so greedy actions (argmax

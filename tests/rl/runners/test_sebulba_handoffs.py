@@ -33,10 +33,10 @@ from rl.infra.logging import RunLogger
 from rl.runners import loop, sebulba
 from rl.runners.sebulba import Sebulba
 from tests.conftest import run_probe
-from tests.rl.test_runner_options import ExploringAgent, VersionAgent
-from tests.test_envpool_source import reference
+from tests.rl.runners.test_runner_options import ExploringAgent, VersionAgent
+from tests.rl.envs.test_envpool_source import reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 COVERS = {
     "env.envpool.sync_interval": "test_actors_act_with_the_params_published_after_the_last_sync",
@@ -432,7 +432,7 @@ def test_xla_key_picks_the_actor_loop():
 
 DEVICE_PROBE = """
 import json
-from tests.test_sebulba_handoffs import Sebulba, VersionAgent, scripted_source, sebulba_cfg
+from tests.rl.runners.test_sebulba_handoffs import Sebulba, VersionAgent, scripted_source, sebulba_cfg
 out = {}
 for name, over in {"default": [], "a1": ["env.actor_devices=1"], "a1l1": ["env.actor_devices=1", "env.learner_devices=1"],
                    "l2": ["env.learner_devices=2"], "a2": ["env.actor_devices=2"]}.items():

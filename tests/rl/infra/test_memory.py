@@ -14,7 +14,7 @@ from rl.config import ConfigError, compose
 from rl.experiment import build, run
 from rl.infra import memory
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FRAME_STACK = 4 * 84 * 84  # bytes of one uint8 Atari observation
 
 

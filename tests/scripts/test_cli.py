@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import TINY_DQN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # TINY_DQN plus what makes it learn CartPole in ~16k env steps (greedy returns of 180-320 on seeds 0-3, where a
 # random policy averages ~22 and a constant action ~9).
 LEARNS = ["agent.learning_starts=500", "agent.batch_size=32", "agent.buffer_size=4000", "agent.n_step=3",

@@ -27,9 +27,9 @@ from rl.runners.anakin import Anakin
 from rl.runners.evaluate import evaluate
 from rl.runners.guard import NonFiniteError
 from tests.conftest import run_probe
-from tests.test_logging import _cfg as logger_cfg
+from tests.rl.infra.test_logging import _cfg as logger_cfg
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 COVERS = {
     "env.gymnax.id": "test_gymnax_id_picks_the_env",
@@ -396,7 +396,7 @@ def test_anakin_evaluation_is_greedy_and_stops_counting_at_the_episode_end(monke
 MESH_PROBE = """
 import json
 from rl.runners import anakin
-from tests.rl.test_runner_options import Anakin, CorridorSource, VersionAgent, anakin_cfg
+from tests.rl.runners.test_runner_options import Anakin, CorridorSource, VersionAgent, anakin_cfg
 anakin.make_source = lambda env_cfg, n: CorridorSource(n)
 out = {}
 for name, over in {"all": [], "one": ["mesh.devices=1"], "two": ["mesh.devices=2"],

@@ -18,9 +18,9 @@ from rl.envs.envpool_source import EnvpoolSource, Recv
 from rl.experiment import build, validate
 from rl.runners.sebulba_actor import Rollout, new_tracker
 from rl.runners.sebulba_learner import Learner
-from tests.test_envpool_source import MAX_STEPS, check_cartpole_rows
+from tests.rl.envs.test_envpool_source import MAX_STEPS, check_cartpole_rows
 
-CONFIGS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
+CONFIGS = str(__import__("pathlib").Path(__file__).resolve().parents[3] / "configs")
 
 
 def compose_cfg(*overrides):

@@ -22,7 +22,7 @@ from rl.infra import checkpoint
 from rl.runners.guard import NonFiniteError
 from tests.conftest import TINY_DQN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
 
 

@@ -121,7 +121,7 @@ def test_a_library_file_maps_to_the_test_files_that_import_it(tmp_path):
     assert tests["buffers/sumtree.py"][0] == "tests/buffers/test_sumtree.py"  # its own test file first
     assert "tests/buffers/test_prioritised.py" in tests["buffers/sumtree.py"]  # also imports buffers.sumtree
     assert tests["agents/muesli/targets.py"] == list(mutate.MUESLI_TESTS)  # through the package: TESTS_OF
-    assert tests["rl/learning/targets.py"] == ["tests/rl/test_targets.py"]
+    assert tests["rl/learning/targets.py"] == ["tests/rl/learning/test_targets.py"]
     assert mutate.imported("from a.b import c, d as e\nimport f.g\ndef h():\n    from i import j\n") == {
         "a.b", "a.b.c", "a.b.d", "f.g", "i", "i.j"}
     for path, files in mutate.TESTS_OF.items():  # the table follows the tree

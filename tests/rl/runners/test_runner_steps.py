@@ -17,8 +17,8 @@ from rl.envs import make_source
 from rl.learning.agent import episode_done
 from rl.runners.anakin import Anakin
 from rl.runners.sebulba import Sebulba
-from tests.rl.test_anakin import CountingAgent
-from tests.test_envpool_source import cartpole_next
+from tests.rl.runners.test_anakin import CountingAgent
+from tests.rl.envs.test_envpool_source import cartpole_next
 
 LIMIT = 20  # time limit of the test episodes: truncation happens often
 OUT = 12 * 2 * np.pi / 360

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "multidevice" / "sebulba_run.py"
 SPLIT = ("env.actor_threads=2", "env.actor_devices=2", "env.learner_devices=2")
 

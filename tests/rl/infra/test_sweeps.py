@@ -21,7 +21,7 @@ from omegaconf import OmegaConf, open_dict
 from rl import config as _config  # noqa: F401  (registers base_config in the ConfigStore)
 from rl.infra import sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = str(ROOT / "configs")
 
 

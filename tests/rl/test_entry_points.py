@@ -17,7 +17,7 @@ from rl.config import ConfigError, compose
 from rl.experiment import validate
 from tests.conftest import TINY_DQN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_python_entry_point_trains_and_evaluates(tmp_path):

@@ -245,7 +245,7 @@ def test_ctrl_c_in_the_driver_checkpoints_the_run_and_exits_cleanly(tmp_path):
     import time
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     extra = "extra_overrides=[" + ",".join(f"'{o}'" for o in [*TINY, "log_interval=2000000"]) + "]"
     cmd = [sys.executable, "-m", "scripts.benchmark", "suite=memory", "agents=[dqn]", "tasks=[cartpole_masked]",
            "seeds=1", "total_steps=2000000", f"out_dir={tmp_path}", extra]
