@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
-from rl.envs import env_config, make_source
+from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory
 from rl.runners import loop
 from rl.runners.replay_ratio import ReplayRatio
@@ -73,7 +73,7 @@ def build(cfg: DictConfig):
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
                           f"{source.num_actions} actions)") from None
-    if cfg.env.source == "envpool":
+    if runner_of(env_cfg) == "sebulba":
         from rl.runners.sebulba import Sebulba
 
         return Sebulba(cfg, agent, source)

@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 
 from rl.config import TrainConfig
-from rl.envs import SOURCES
+from rl.envs import sources
 
 TESTS = Path(__file__).resolve().parent
 
@@ -50,7 +50,7 @@ def config_keys() -> set[str]:
     keys = set()
     for name in available_agents():
         keys |= set(_fields(importlib.import_module(f"agents.{name}").Config, f"agent.{name}."))
-    for source, module in SOURCES.items():
+    for source, module in sources().items():
         keys |= set(_fields(importlib.import_module(module).EnvConfig, f"env.{source}."))
     keys |= {k for k in _fields(TrainConfig, "train.") if k not in ("train.agent", "train.env")}
     return keys

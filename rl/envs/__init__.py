@@ -2,38 +2,51 @@
 the per-env bookkeeping of envpool recvs, episode statistics, and videos of greedy episodes (video.py).
 Imports: buffers-free; rl.config only.
 
-The registry of sources, one contract for every kind: `env.source` names a module of `SOURCES` that holds
+The registry of sources, one contract for every kind: `env.source=<name>` names the module
+`rl/envs/<name>_source.py` (`sources()` lists them), which holds
 * `EnvConfig`, the dataclass of its `env:` section (`env_config(section)` types a section with it);
 * `make_source(env_cfg, num_envs, seed=0, batch_size=None)`, the source: `num_envs`, `num_actions`,
   `obs_shape`, `obs_dtype` and the stepping surface of its runner (gymnax: pure
-  `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba).
+  `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba);
+* `RUNNER`, the runner that steps it (`anakin` or `sebulba`; `runner_of(env_cfg)`).
 Modules are imported lazily (gymnax or envpool loads only when used) and do not import this registry back.
-A new source is its module (these two names), one line in `SOURCES`, a yaml in configs/env/ and a test.
+A new source is its module (`<name>_source.py` with these two names), a yaml in configs/env/ and a test.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any
 
 from omegaconf import DictConfig
 
 from rl.config import ConfigError, to_dataclass
 
-SOURCES = {"gymnax": "rl.envs.gymnax_source", "envpool": "rl.envs.envpool_source"}  # env.source -> its module
+
+def sources() -> dict[str, str]:
+    """`env.source` name -> its module: every `rl/envs/<name>_source.py`."""
+    return {m.name.removesuffix("_source"): f"rl.envs.{m.name}" for m in pkgutil.iter_modules(__path__)
+            if m.name.endswith("_source")}
 
 
 def env_config(section: Any):
     """The env section (DictConfig, dict or the dataclass) as its source's `EnvConfig` (chosen by `env.source`)."""
     source = section.get("source") if isinstance(section, (dict, DictConfig)) else getattr(section, "source", None)
-    if source not in SOURCES:
-        raise ConfigError(f"env.source={source!r} is not an env source; available: {sorted(SOURCES)}")
-    return to_dataclass(importlib.import_module(SOURCES[source]).EnvConfig, section, "env")
+    known = sources()
+    if source not in known:
+        raise ConfigError(f"env.source={source!r} is not an env source; available: {sorted(known)}")
+    return to_dataclass(importlib.import_module(known[source]).EnvConfig, section, "env")
 
 
 def make_source(env_cfg: Any, num_envs: int, seed: int = 0, batch_size: int | None = None):
     """The source of the env section `env_cfg` (typed or not): `num_envs` envs seeded from `seed`,
     `batch_size` envs per recv where the kind has recvs."""
     env_cfg = env_config(env_cfg)
-    module = importlib.import_module(SOURCES[env_cfg.source])
+    module = importlib.import_module(sources()[env_cfg.source])
     return module.make_source(env_cfg, num_envs, seed=seed, batch_size=batch_size)
+
+
+def runner_of(env_cfg: Any) -> str:
+    """The runner that steps the source of `env_cfg`: its module's `RUNNER` (`anakin` | `sebulba`)."""
+    return importlib.import_module(sources()[env_config(env_cfg).source]).RUNNER

@@ -43,6 +43,8 @@ from flax import struct
 
 from rl.config import ConfigError
 
+RUNNER = "sebulba"  # actor threads recv/send on the host or through the XLA handle (rl/runners/sebulba.py)
+
 # envpool's own Atari preprocessing, as in the DQN paper (defaults of envpool differ: episodic_life and
 # reward_clip are off there).
 ATARI_DEFAULTS = {"episodic_life": True, "reward_clip": True, "stack_num": 4, "img_height": 84, "img_width": 84,

@@ -27,6 +27,8 @@ from gymnax.environments import spaces
 
 from rl.envs.wrappers import ObservationFeatureWrapper
 
+RUNNER = "anakin"  # steps these envs inside its jitted loop (rl/runners/anakin.py)
+
 
 @dataclasses.dataclass
 class EnvConfig:
