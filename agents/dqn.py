@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 
 from buffers.nstep import make_nstep_buffer
 from buffers.priorities import importance_weights
@@ -26,7 +25,7 @@ from rl.learning.agent import StepFormat, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.schedules import linear
-from rl.learning.target_update import update_target
+from rl.learning.target_update import TargetNetState, update_target
 from rl.learning.targets import LOSSES, q_target, td_loss
 from rl.nets.networks import NetworkConfig, make_q_network
 
@@ -80,14 +79,6 @@ class Config:
             raise ValueError(f"agent.priority_exponent must be >= 0 or null, got {self.priority_exponent}")
 
 
-@struct.dataclass
-class DQNState:
-    params: Any
-    target_params: Any
-    opt_state: Any
-    updates: jax.Array  # int32 gradient steps taken
-
-
 class DQN(StepFormat):
     """The DQN agent (rl/learning/agent.py protocol) for one observation shape and action count."""
 
@@ -115,17 +106,17 @@ class DQN(StepFormat):
                                round(cfg.epsilon_decay_steps / env_steps_per_update))
 
     # --- acting -------------------------------------------------------------------------------------
-    def init(self, key: jax.Array, obs_example: jax.Array) -> DQNState:
+    def init(self, key: jax.Array, obs_example: jax.Array) -> TargetNetState:
         params = self.network.init(key, jnp.asarray(obs_example, self.obs_dtype)[None])
         target = jax.tree_util.tree_map(jnp.copy, params)  # distinct buffers: the state can be donated
-        return DQNState(params=params, target_params=target, opt_state=self.optimizer.init(params),
+        return TargetNetState(params=params, target_params=target, opt_state=self.optimizer.init(params),
                         updates=jnp.zeros((), jnp.int32))
 
-    def epsilon(self, state: DQNState) -> jax.Array:
+    def epsilon(self, state: TargetNetState) -> jax.Array:
         """The exploration epsilon after `state.updates` gradient steps."""
         return self._epsilon(state.updates)
 
-    def act(self, state: DQNState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
+    def act(self, state: TargetNetState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
             explore: bool = True):
         eps = self.epsilon(state) if explore else self.cfg.eval_epsilon
         return epsilon_greedy(key, self.network.apply(state.params, obs), eps), carry, {}
@@ -160,10 +151,10 @@ class DQN(StepFormat):
         target_params = update_target(state.target_params, params, count, cfg.target_update_period, cfg.tau)
         metrics = {"loss": jnp.mean(td_loss(td, cfg.loss, cfg.huber_delta)), "q": jnp.mean(q_taken),
                    "abs_td": jnp.mean(jnp.abs(td))}
-        state = DQNState(params=params, target_params=target_params, opt_state=opt_state, updates=count)
+        state = TargetNetState(params=params, target_params=target_params, opt_state=opt_state, updates=count)
         return (state, buffer_state), metrics
 
-    def train_step(self, state: DQNState, buffer_state, key: jax.Array):
+    def train_step(self, state: TargetNetState, buffer_state, key: jax.Array):
         keys = jax.random.split(key, self.cfg.updates_per_train)
         (state, buffer_state), metrics = jax.lax.scan(self._update, (state, buffer_state), keys)
         metrics = {k: v.mean() for k, v in metrics.items()}

@@ -20,14 +20,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import rlax
-from flax import struct
 
 from buffers.priorities import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
@@ -35,7 +33,7 @@ from rl.infra import sharding
 from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
-from rl.learning.target_update import update_target
+from rl.learning.target_update import TargetNetState, update_target
 from rl.nets.networks import NetworkConfig
 from rl.nets.recurrent import (
     LSTMCarry,
@@ -95,14 +93,6 @@ class Config:
         need(0.0 <= self.priority_eta <= 1.0, f"priority_eta must be in [0, 1], got {self.priority_eta}")
         need(0.0 <= self.epsilon_base <= 1.0, f"epsilon_base must be in [0, 1], got {self.epsilon_base}")
         need(self.rescaling_eps >= 0 and self.learning_starts >= 0, "rescaling_eps, learning_starts must be >= 0")
-
-
-@struct.dataclass
-class R2D2State:
-    params: Any
-    target_params: Any
-    opt_state: Any
-    updates: jax.Array  # int32[]: learner updates so far
 
 
 def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
@@ -174,13 +164,13 @@ class R2D2(StepFormat):
     def initial_carry(self, num_envs: int) -> LSTMCarry:
         return zero_carry(num_envs, self.cfg.lstm_size)
 
-    def init(self, key: jax.Array, obs_example: jax.Array) -> R2D2State:
+    def init(self, key: jax.Array, obs_example: jax.Array) -> TargetNetState:
         obs = jnp.asarray(obs_example, self.obs_dtype)[None, None]  # [T=1, B=1, *obs_shape]
         params = self.network.init(key, self.initial_carry(1), obs, jnp.zeros((1, 1), bool))
         target = jax.tree_util.tree_map(jnp.copy, params)  # distinct buffers: the state may be donated
-        return R2D2State(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))
+        return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
-    def act(self, state: R2D2State, obs, carry, key, env_ids, explore: bool = True):
+    def act(self, state: TargetNetState, obs, carry, key, env_ids, explore: bool = True):
         """Epsilon-greedy over one LSTM step: obs `[E, ...]`, carry `[E, H]` -> actions `[E]`, next carry."""
         carry, q = self.network.apply(state.params, carry, obs[None], jnp.zeros((1, obs.shape[0]), bool))
         return epsilon_greedy(key, q[0], self.epsilons[env_ids] if explore else 0.0), carry, {}
@@ -222,7 +212,7 @@ class R2D2(StepFormat):
         aux = {"abs_td": jnp.abs(td), "valid": valid, "q": q}
         return loss, aux
 
-    def train_step(self, state: R2D2State, buffer_state, key):
+    def train_step(self, state: TargetNetState, buffer_state, key):
         cfg = self.cfg
         sample = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size))  # data-parallel
         weights = importance_weights(sample.probabilities, self.buffer.num_slots, cfg.importance_exponent)
@@ -246,7 +236,7 @@ class R2D2(StepFormat):
             "valid_fraction": valid.mean(),
             "importance_weight": jnp.mean(weights),
         }
-        return R2D2State(params, target_params, opt_state, count), buffer_state, metrics
+        return TargetNetState(params, target_params, opt_state, count), buffer_state, metrics
 
 
 def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int) -> R2D2:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from rl.nets.impala import ImpalaCNN
-from rl.nets.networks import ACTIVATIONS, NetworkConfig, _channels_first, make_torso
+from rl.nets.networks import ACTIVATIONS, NetworkConfig, channels_first, make_torso
 
 TORSOS = ("auto", "mlp", "small_cnn", "nature_cnn", "impala")
 MODELS = ("mlp", "lstm")
@@ -68,7 +68,7 @@ def make_representation_torso(obs_shape: Sequence[int], cfg: MuesliNetworkConfig
         if len(obs_shape) != 3:
             raise ValueError(f"agent.network.torso='impala' needs image observations [H, W, C]; got shape "
                              f"{tuple(obs_shape)}")
-        return ImpalaCNN(tuple(cfg.impala_channels), cfg.cnn_dense, _channels_first(obs_shape), cfg.activation)
+        return ImpalaCNN(tuple(cfg.impala_channels), cfg.cnn_dense, channels_first(obs_shape), cfg.activation)
     return make_torso(obs_shape, NetworkConfig(torso=cfg.torso, hidden_sizes=list(cfg.hidden_sizes),
                                                cnn_dense=cfg.cnn_dense, activation=cfg.activation))
 

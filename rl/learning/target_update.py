@@ -1,9 +1,23 @@
-"""The target-network update, shared by every agent with a target (or prior) network."""
+"""The target-network update, shared by every agent with a target (or prior) network, and the learner state
+of the agents that have nothing else (DQN, R2D2)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import optax
+from flax import struct
+
+
+@struct.dataclass
+class TargetNetState:
+    """Online and target parameters, optimiser state and the gradient steps taken (DQN's and R2D2's state)."""
+
+    params: Any
+    target_params: Any
+    opt_state: Any
+    updates: jax.Array  # int32[] gradient steps taken
 
 
 def update_target(target, online, updates: jax.Array, period: int = 1, rate: float = 1.0):

@@ -113,7 +113,8 @@ def SmallCNN(dense: int = 128, channels_first: bool = False, activation: str = "
     return _ConvTorso(((16, 3, 1),), dense, channels_first, activation)
 
 
-def _channels_first(obs_shape: Sequence[int]) -> bool:
+def channels_first(obs_shape: Sequence[int]) -> bool:
+    """Whether an image shape `[a, b, c]` is channels-first (a few channels before two larger sides)."""
     return obs_shape[0] <= 16 and obs_shape[0] < min(obs_shape[1], obs_shape[2])
 
 
@@ -127,7 +128,7 @@ def make_torso(obs_shape: Sequence[int], cfg: NetworkConfig) -> nn.Module:
     kind = cfg.torso
     if kind == "auto":
         if len(obs_shape) == 3:
-            side = min(obs_shape[1:]) if _channels_first(obs_shape) else min(obs_shape[:2])
+            side = min(obs_shape[1:]) if channels_first(obs_shape) else min(obs_shape[:2])
             kind = "nature_cnn" if side >= 36 else "small_cnn"
         else:
             kind = "mlp"
@@ -135,7 +136,7 @@ def make_torso(obs_shape: Sequence[int], cfg: NetworkConfig) -> nn.Module:
         return MLP(tuple(cfg.hidden_sizes), obs_rank=max(len(obs_shape), 1), activation=cfg.activation)
     if len(obs_shape) != 3:
         raise ValueError(f"network.torso={kind!r} needs image observations [H, W, C]; got shape {obs_shape}")
-    cf = _channels_first(obs_shape)
+    cf = channels_first(obs_shape)
     if kind == "nature_cnn":
         if min(obs_shape[1:] if cf else obs_shape[:2]) < 36:
             raise ValueError(f"network.torso='nature_cnn' needs images of side >= 36; got shape {obs_shape}")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from agents import make_agent
-from agents.dqn import DQNState
 from rl.config import ConfigError, compose
 from rl.experiment import validate
+from rl.learning.target_update import TargetNetState
 
 
 def _agent(num_envs=2, num_actions=2, **over):
@@ -264,7 +264,7 @@ def test_train_step_donates_buffer():
     leaf = buf.rows.data["obs"]
     state, buf, _ = step(state, buf, jax.random.PRNGKey(0))
     assert leaf.is_deleted()
-    assert isinstance(state, DQNState)
+    assert isinstance(state, TargetNetState)
 
 
 @pytest.mark.parametrize("override, match", [
