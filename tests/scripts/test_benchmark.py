@@ -39,7 +39,7 @@ def test_suites_plan_runs_that_compose_and_validate(suite, runs):
         assert cfg.seeds == 3 and cfg.checkpoint.interval > 0
     if suite == "minatar":
         refs = {r.task: r.references for r in planned}
-        assert refs["breakout"] == {"gymnax_ppo": 28.0} and refs["seaquest"] == {}
+        assert refs["breakout"] == {"gymnax_ppo": 28.0, "random": 0.406} and refs["seaquest"] == {"random": 0.104}
 
 
 def test_quick_mode_and_subsets():

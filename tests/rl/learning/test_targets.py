@@ -62,7 +62,7 @@ def test_optimizer_from_config_matches_optax():
 
 @pytest.mark.parametrize("section, match", [
     ({"name": "adagrad"}, "optim.name"), ({"lr": 0.0}, "optim.lr"), ({"lr_schedule": "cosine"}, "lr_schedule"),
-    ({"lr": "fast"}, "lr"), ({"lr_schedule": "linear"}, "lr_decay_updates"),
+    ({"lr": "fast"}, "lr"), ({"lr_schedule": "linear", "lr_decay_updates": -1}, "lr_decay_updates"),
 ])
 def test_bad_optim_config(section, match):
     with pytest.raises(ConfigError, match=match):
