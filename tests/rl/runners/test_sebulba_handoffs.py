@@ -33,8 +33,8 @@ from rl.infra.logging import RunLogger
 from rl.runners import loop, sebulba
 from rl.runners.sebulba import Sebulba
 from tests.conftest import run_probe
-from tests.rl.runners.test_runner_options import ExploringAgent, VersionAgent
 from tests.rl.envs.test_envpool_source import reference
+from tests.rl.runners.test_runner_options import ExploringAgent, VersionAgent
 
 ROOT = Path(__file__).resolve().parents[3]
 
