@@ -50,7 +50,8 @@ def validate(cfg: DictConfig):
 
 def _make_agent(agent_cfg, source, total_steps: int):
     """The agent for the source's spaces; `optim.lr_schedule=linear` with `optim.lr_decay_updates=0` decays
-    over the whole run (`ReplayRatio.run_updates`; a resume with a larger total_steps stretches the rest of the decay)."""
+    over the whole run (`ReplayRatio.run_updates`; a resume with a larger total_steps stretches the rest of
+    the decay)."""
     def make(c):
         return make_agent(c, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
                           num_actions=source.num_actions, num_envs=source.num_envs)
