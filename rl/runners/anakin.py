@@ -63,8 +63,9 @@ class Anakin:
         """`agent` follows rl/learning/agent.py, built for the spaces of `source` (`rl.envs.make_source(cfg.env,
         cfg.num_envs)`, built here when not given)."""
         self.cfg = cfg
-        self.num_seeds, self.num_envs = int(cfg.seeds), int(cfg.num_envs)
-        self.source = source if source is not None else make_source(cfg.env, self.num_envs)
+        self.num_seeds = int(cfg.seeds)
+        self.source = source if source is not None else make_source(cfg.env, int(cfg.num_envs))
+        self.num_envs = self.source.num_envs
         self.agent = agent
         self.train_step = guard.guard(agent.train_step, cfg.get("on_nonfinite", "stop"))
         ratio = ReplayRatio.of(agent, self.num_envs)  # one train step per iteration from learn_iter on
