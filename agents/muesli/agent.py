@@ -239,10 +239,11 @@ class Muesli(StepFormat):
 
         def body(s, a):
             s = s * self.cfg.dynamics_grad_scale + jax.lax.stop_gradient(s) * (1 - self.cfg.dynamics_grad_scale)
-            s, reward_logits = self._apply(params, MuesliNetwork.step, s, a)
-            return s, (s, reward_logits)
+            s, features = self._apply(params, MuesliNetwork.transition, s, a)
+            return s, (s, features)
 
-        _, (model_states, reward_logits) = jax.lax.scan(body, states, jnp.moveaxis(actions, -1, 0))
+        _, (model_states, features) = jax.lax.scan(body, states, jnp.moveaxis(actions, -1, 0))
+        reward_logits = self._apply(params, MuesliNetwork.reward, features)  # [K, B, L, N]: one batch
         all_states = jnp.concatenate([states[None], model_states], axis=0)  # [K+1, B, L, S]
         policy_logits, value_logits = self._apply(params, MuesliNetwork.predict, all_states)
         return (jnp.moveaxis(policy_logits, 0, 2), jnp.moveaxis(value_logits, 0, 2),

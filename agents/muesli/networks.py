@@ -151,18 +151,27 @@ class MuesliNetwork(nn.Module):
 
     def step(self, state, action):
         """(states, actions `[...]` int) -> (next states, reward logits `[..., N]`)."""
+        next_state, features = self.transition(state, action)
+        return next_state, self.reward(features)
+
+    def transition(self, state, action):
+        """`step` without its reward head: (next states, what the reward head reads). A model unroll applies
+        `reward` once to every step's features (one large matmul instead of one per step)."""
         one_hot = jax.nn.one_hot(action, self.num_actions, dtype=state.dtype)
         if self.sizes.model == "lstm":
             d = self.sizes.state_dim
             h, c = state[..., :d], state[..., d:]
             (c, h), _ = self.lstm((c, h), one_hot)
-            return jnp.concatenate([h, c], axis=-1), self.reward_head(self.head_norm(h))
+            return jnp.concatenate([h, c], axis=-1), self.head_norm(h)
         act = ACTIVATIONS[self.sizes.activation]
         x = jnp.concatenate([state, one_hot], axis=-1)
         for layer in self.dynamics_hidden:
             x = act(layer(x))
-        next_state = self.dynamics_norm(state + self.dynamics_out(x))
-        return next_state, self.reward_head(x)
+        return self.dynamics_norm(state + self.dynamics_out(x)), x
+
+    def reward(self, features):
+        """Reward logits `[..., N]` from `transition`'s features."""
+        return self.reward_head(features)
 
     def __call__(self, obs):
         """Touch every module (for `init`): represent, one model step with action 0, predict."""
