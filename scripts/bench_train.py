@@ -44,6 +44,7 @@ import optax
 
 from rl.config import compose
 from rl.experiment import validate
+from rl.runners.totals import summarise
 
 PRESETS = {
     "dqn": [
@@ -164,15 +165,16 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     iters = runner.total_iters
     state, it = _block(runner.init())
     t0 = time.perf_counter()
-    compiled = runner.chunk.lower(state, it, iters).compile()
+    compiled = runner.chunk.lower(state, it, runner.zero_totals(state), jnp.int32(iters)).compile()
     compile_s = time.perf_counter() - t0
     halves = Halves(runner, seeds, iters, learner_steps) if learner_steps else None
     run_times, actor_times, learner_times = [], [], []
     for r in range(repeats):
         if r:
             state, it = _block(runner.init())
+        totals = _block(runner.zero_totals(state))
         t0 = time.perf_counter()
-        state, it, out = _block(compiled(state, it))
+        state, it, totals = _block(compiled(state, it, totals, jnp.int32(iters)))
         run_times.append(time.perf_counter() - t0)
         if halves is not None:
             a, l = halves.time()
@@ -182,7 +184,7 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     env_steps = iters * runner.steps_per_iter
     result = {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "run_s_all": run_times, "env_steps": env_steps,
               "sps": env_steps * seeds / run_s, "sps_per_seed": env_steps / run_s,
-              "return": np.asarray(out["episode_return"]).tolist()}
+              "return": np.asarray(summarise(totals)["episode_return"]).tolist()}
     result.update(bench_buffer(runner, iters, seeds))
     result["buffer_share"] = (result["buffer_add_s"] + result["buffer_sample_s"]) / run_s
     if halves is not None:
