@@ -10,7 +10,7 @@ The registry of sources, one contract for every kind: `env.source=<name>` names 
   `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba);
 * `RUNNER`, the runner that steps it (`anakin` or `sebulba`; `runner_of(env_cfg)`).
 Modules are imported lazily (gymnax or envpool loads only when used) and do not import this registry back.
-A new source is its module (`<name>_source.py` with these two names), a yaml in configs/env/ and a test.
+A new source is its module (`<name>_source.py` with these three names), a yaml in configs/env/ and a test.
 """
 
 from __future__ import annotations
