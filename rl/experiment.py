@@ -130,11 +130,12 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     from rl.infra.logging import RunLogger
 
     distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
+    run_dir = distributed.shared_run_dir(run_dir)  # several processes: process 0's, for one set of checkpoints
     cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
     runner = build(cfg)
     need = memory.check(runner, cfg)  # before anything is allocated or written
-    logger = RunLogger(cfg, run_dir)
+    logger = RunLogger(cfg, run_dir, primary=distributed.is_main_process())
     try:
         if need.total > memory.GB:
             logger.note(f"memory: this run holds about {need.describe()}")

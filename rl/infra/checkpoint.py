@@ -48,12 +48,21 @@ def _unflatten(leaves: dict[str, Any], target):
 
 
 def _abstract_leaves(target) -> dict[str, jax.ShapeDtypeStruct]:
+    """What to restore: each leaf's shape, dtype and placement: the target's sharding where it has one
+    (several processes: each reads the shards it holds), else the first device (one process) or every
+    device, replicated (several). Not the saved one: a run saved on other devices restores here."""
+    if jax.process_count() > 1:
+        default = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("all",)),
+                                             jax.sharding.PartitionSpec())
+    else:
+        default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     specs = {}
     for i, x in enumerate(jax.tree_util.tree_leaves(target)):
+        placed = getattr(x, "sharding", None) or default
         if _is_key(x):
             x = jax.eval_shape(jax.random.key_data, x)
         if np.prod(x.shape):
-            specs[f"leaf_{i:05d}"] = jax.ShapeDtypeStruct(x.shape, x.dtype)
+            specs[f"leaf_{i:05d}"] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed)
     return specs
 
 
@@ -124,7 +133,8 @@ def restore(path: str | Path, target: Any) -> tuple[Any, dict]:
 
 def make_meta(cfg, env_steps: int, logger=None, **extra) -> dict:
     """The metadata saved with a runner state: resolved config, env steps, wandb id, metric history."""
-    meta = {"config": OmegaConf.to_container(cfg, resolve=True), "env_steps": int(env_steps)}
+    meta = {"config": OmegaConf.to_container(cfg, resolve=True), "env_steps": int(env_steps),
+            "process_count": jax.process_count()}
     if logger is not None:
         meta["wandb_id"] = logger.wandb_id
         meta["history"] = logger.history

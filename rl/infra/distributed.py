@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 @dataclasses.dataclass
@@ -79,10 +82,60 @@ def initialize(section: Mapping | DistributedConfig | None) -> bool:
 
 
 def is_main_process() -> bool:
-    """True on the process that writes logs and checkpoints (process 0)."""
+    """True on the process that writes metrics.csv, summary.json, wandb and the figure (process 0)."""
     import jax
 
     return jax.process_index() == 0
+
+
+# --- what every process must agree on (several processes; each is a no-op with one) -------------------------
+def shared_run_dir(run_dir: str | Path) -> Path:
+    """Process 0's run dir, on every process: checkpoints are written by all processes into one directory
+    (orbax multi-process; on several hosts it must be on a filesystem they share)."""
+    import jax
+
+    run_dir = Path(run_dir).absolute()
+    if jax.process_count() == 1:
+        return run_dir
+    from jax.experimental import multihost_utils
+
+    raw = str(run_dir).encode()
+    if len(raw) > _PATH_BYTES:
+        raise ValueError(f"run dir path longer than {_PATH_BYTES} bytes: {run_dir}")
+    buf = np.zeros(_PATH_BYTES, np.uint8)
+    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+    got = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
+    return Path(got.tobytes().rstrip(b"\0").decode())
+
+
+def agree(until: int, signum: int | None) -> tuple[int, int | None]:
+    """`(until, signum)` that every process shares before a compiled call: process 0's `until` (the sub-chunk
+    sizes come from each process's own timing) and the signal of any process that received one, so every
+    process makes the same calls of the same lengths and all stop after the same one (a process that
+    stopped alone would leave the others waiting in a collective)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return until, signum
+    from jax.experimental import multihost_utils
+
+    got = np.asarray(multihost_utils.process_allgather(np.array([until, signum or 0], np.int32)))
+    received = [int(s) for s in got.reshape(-1, 2)[:, 1] if s]
+    return int(got.reshape(-1, 2)[0, 0]), signum or (received[0] if received else None)
+
+
+def check_process_count(saved: int) -> None:
+    """Refuse to resume a checkpoint written by another number of processes."""
+    import jax
+
+    from rl.config import ConfigError
+
+    if saved != jax.process_count():
+        raise ConfigError(f"this run was checkpointed by {saved} process(es) and is resumed by "
+                          f"{jax.process_count()}: resume it with {saved} (distributed.num_processes)")
+
+
+_PATH_BYTES = 4096
 
 
 def _as_config(section: Any) -> DistributedConfig:

@@ -74,10 +74,14 @@ def _columns(rows: list[dict]) -> list[str]:
 
 
 class RunLogger:
-    """Console progress, wandb, CSV/JSON metrics and the learning curve for one training run."""
+    """Console progress, wandb, CSV/JSON metrics and the learning curve for one training run.
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path):
-        self.cfg = cfg
+    `primary=False` (processes other than 0 of a multi-process run, which log the same global metrics):
+    console lines only, appended to `train.<process index>.log`; no metrics.csv, summary.json, wandb,
+    figure or progress bar."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, primary: bool = True):
+        self.cfg, self.primary = cfg, primary
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []  # rows {"env_steps", "seed", metric: value}
@@ -87,7 +91,12 @@ class RunLogger:
         self._bar = None
         self._csv_fields: list[str] | None = None
         self._started = False
-        self._log_path = self.run_dir / "train.log"  # the console's lines, appended (a resumed run continues it)
+        # the console's lines, appended (a resumed run continues it)
+        self._log_path = self.run_dir / "train.log"
+        if not primary:
+            import jax
+
+            self._log_path = self.run_dir / f"train.{jax.process_index()}.log"
 
     def _file(self, line: str) -> None:
         with self._log_path.open("a") as f:
@@ -106,6 +115,9 @@ class RunLogger:
         self.history = list(history or [])
         self._last = (time.perf_counter(), start_step)
         self._recent = _last_return(self.history)
+        if not self.primary:
+            self._started = True
+            return
         self._start_wandb(wandb_id)
         if self.history:
             self._rewrite_csv()
@@ -150,7 +162,8 @@ class RunLogger:
         rows = [{"env_steps": int(env_steps), "seed": s, **{k: _float(v[s]) for k, v in per_seed.items()}}
                 for s in range(self.num_seeds)]
         self.history.extend(rows)
-        self._append_csv(rows)
+        if self.primary:
+            self._append_csv(rows)
         now = time.perf_counter()
         sps = (env_steps - self._last[1]) / max(now - self._last[0], 1e-9)
         self._last = (now, env_steps)
@@ -205,6 +218,8 @@ class RunLogger:
 
     def summary(self, values: dict[str, Any]) -> None:
         """Write `summary.json` (and the wandb summary) with final results."""
+        if not self.primary:
+            return
         values = json.loads(json.dumps(values, default=lambda x: np.asarray(x).tolist()))
         path = self.run_dir / "summary.json"
         path.write_text(json.dumps(values, indent=2))
@@ -229,7 +244,7 @@ class RunLogger:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self.cfg.logger.plot and self.history:
+        if self.cfg.logger.plot and self.history and self.primary:
             self.paths["learning_curve"] = plot_learning_curve(self.history, self.run_dir / "learning_curve.png",
                                                                title=f"{self.cfg.agent.name} on {self.cfg.env.id}")
         if self._wandb is not None:

@@ -43,7 +43,6 @@ from rl.runners.evaluate import seeds_evaluator
 from rl.runners.replay_ratio import ReplayRatio
 from rl.runners.totals import Totals
 
-
 ACCELERATOR_BLOCK = 32  # H200, DQN CartPole: 141 -> 113 us per iteration with blocks of 64 and no lax.cond
 
 
@@ -175,7 +174,8 @@ class Anakin:
         return jax.eval_shape(self.init)
 
     def place(self, state):
-        return sharding.place(state, self.state_shardings)
+        s, it = state
+        return sharding.place(s, self.state_shardings), it
 
     @contextlib.contextmanager
     def session(self, state, env_steps: int):

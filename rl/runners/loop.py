@@ -30,6 +30,11 @@ SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C w
 `Aborted`, naming the checkpoint on disk), evaluate the greedy policy and return the result dict:
 `{"env_steps", "eval_returns" [S, K], "episode_return" [S] (last logged), "checkpoint", "run_dir",
 "state"}`.
+
+Several processes (jax.distributed): every process runs this loop on the same global state; before each
+compiled call they agree on its end (process 0's) and on stopping (any process's signal:
+`distributed.agree`), so all make the same calls and checkpoint together; a checkpoint is resumed only by
+as many processes as wrote it.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rl.infra import checkpoint
+from rl.infra import checkpoint, distributed
 from rl.runners import guard
 from rl.runners import totals as totals_lib
 
@@ -146,6 +151,7 @@ def _start(cfg, runner, logger, resume_from):
     dir the logger writes to), with the logger started."""
     env_steps, wandb_id, history, partial = 0, None, [], None
     if resume_from is not None:
+        distributed.check_process_count(int(checkpoint.read_meta(resume_from).get("process_count", 1)))
         state, meta = checkpoint.restore(resume_from, runner.restore_target())
         state = runner.place(state)
         env_steps, wandb_id, history = int(meta["env_steps"]), meta.get("wandb_id"), meta.get("history", [])
@@ -233,15 +239,17 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
     pace = Pace(runner.train_from, total)
     last, first = {}, True
     with runner.session(state, env_steps) as session:
-        while env_steps < total and watch.signum is None:
+        while env_steps < total:  # a signal stops it at the next `agree` (every process at the same one)
             before, totals = env_steps, None
             if partial is not None:
                 before, totals, partial = int(partial["start"]), totals_lib.from_json(partial["totals"]), None
             until = min((before // log_every + 1) * log_every, total)
-            while env_steps < until and watch.signum is None:
+            while env_steps < until:
+                step_to, watch.signum = distributed.agree(pace.next_until(env_steps, until), watch.signum)
+                if watch.signum is not None:
+                    break
                 t0, start = time.perf_counter(), env_steps
-                state, env_steps, totals = session.advance(state, env_steps, pace.next_until(env_steps, until),
-                                                           totals)
+                state, env_steps, totals = session.advance(state, env_steps, step_to, totals)
                 jax.block_until_ready(totals)
                 seconds = time.perf_counter() - t0
                 pace.record(start, env_steps, seconds)
@@ -251,8 +259,9 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
                 logger.progress(env_steps)
                 if (eta := pace.eta_note(env_steps, runner.num_seeds)) is not None:
                     logger.note(eta)
-            if env_steps < until:  # stopped inside the interval: its sums go into the checkpoint
-                return state, env_steps, last, ckpt, {"start": before, "totals": totals_lib.to_json(totals)}
+            if env_steps < until:  # stopped inside the interval: its sums (if any call ran) go into the checkpoint
+                unfinished = None if totals is None else {"start": before, "totals": totals_lib.to_json(totals)}
+                return state, env_steps, last, ckpt, unfinished
             out = totals_lib.summarise(totals)
             nonfinite = out.pop("nonfinite", {})
             if eval_every and env_steps // eval_every > before // eval_every:
@@ -275,6 +284,7 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
         try:
             state, env_steps, last, ckpt, partial = _train(cfg, runner, logger, state, env_steps, watch, ckpt,
                                                            partial)
+            watch.signum = distributed.agree(env_steps, watch.signum)[1]  # one that came after the last call
             if ckpt is None or ckpt.name != str(env_steps):
                 with watch.saving():
                     ckpt = _save(cfg, logger, env_steps, state, partial) or ckpt
