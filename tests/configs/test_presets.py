@@ -83,6 +83,9 @@ def test_tested_settings_are_kept():
     assert (r2d2.lstm_size, r2d2.burn_in, r2d2.period, r2d2.optim.lr, r2d2.learning_starts) == (64, 10, 20, 5e-4, 5000)
     muesli = _agent("muesli", "cartpole")
     assert (muesli.sequence_length, muesli.train_interval, muesli.support_max, muesli.discount) == (20, 8, 20.0, 0.99)
+    # Muesli on MinAtar: the MinAtar suite's settings (replay ratio 4, MLP model, constant lr).
+    minatar = _agent("muesli", "breakout-minatar")
+    assert (minatar.train_interval, minatar.network.model, minatar.optim.lr_schedule) == (16, "mlp", "constant")
     # DQN on MinAtar: the Breakout-MinAtar comparison's overrides (scripts/muesli_experiments.py).
     from scripts.muesli_experiments import DQN_MINATAR
 
