@@ -48,28 +48,31 @@ def validate(cfg: DictConfig):
     return agent_config(cfg.agent), env_config(cfg.env)
 
 
-def _make_agent(agent_cfg, source, total_steps: int):
-    """The agent for the source's spaces; `optim.lr_schedule=linear` with `optim.lr_decay_updates=0` decays
-    over the whole run (`ReplayRatio.run_updates`; a resume with a larger total_steps stretches the rest of
-    the decay)."""
+def _make_agent(agent_cfg, source, total_steps: int, num_envs: int):
+    """The agent for the source's spaces and `num_envs` buffer rows; `optim.lr_schedule=linear` with
+    `optim.lr_decay_updates=0` decays over the whole run (`ReplayRatio.run_updates`; a resume with a larger
+    total_steps stretches the rest of the decay)."""
     def make(c):
         return make_agent(c, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
-                          num_actions=source.num_actions, num_envs=source.num_envs)
+                          num_actions=source.num_actions, num_envs=num_envs)
 
     optim = agent_cfg.optim
     if optim.lr_schedule != "linear" or optim.lr_decay_updates > 0:
         return make(agent_cfg)
     constant = make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_schedule="constant")))
-    whole_run = ReplayRatio.of(constant, source.num_envs).run_updates(total_steps)
+    whole_run = ReplayRatio.of(constant, num_envs).run_updates(total_steps)
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 
 def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
     agent_cfg, env_cfg = validate(cfg)
-    source = make_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))  # built once, handed to the runner
+    # Sebulba with several processes: `num_envs` envs per process, seeded apart, each with its buffer rows.
+    processes = jax.process_count() if runner_of(env_cfg) == "sebulba" else 1
+    seed = int(cfg.seed) + jax.process_index() * int(cfg.num_envs) * (processes > 1)
+    source = make_source(env_cfg, int(cfg.num_envs), seed=seed)  # built once, handed to the runner
     try:
-        agent = _make_agent(agent_cfg, source, int(cfg.total_steps))
+        agent = _make_agent(agent_cfg, source, int(cfg.total_steps), source.num_envs * processes)
     except ValueError as e:  # settings the env's spaces cannot take (a torso for other observations, ...)
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "

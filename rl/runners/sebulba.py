@@ -33,7 +33,11 @@ the agent). One process; by default two threads and one JAX device (several: see
   update as on one device up to float summation order. Chunks are moved to the learner devices on the
   actor threads; every `sync_interval` chunks a copy of the agent state is published to every actor
   device. envpool's worker threads (`env.num_threads`, 0: the cores) are split between the T pools.
-  Several hosts (jax.distributed) are refused: this runner places its state from one process.
+  Several processes (jax.distributed): each runs its actor threads over its own `num_envs` envs on its
+  local actor devices (buffer rows `process x num_envs + i`); the learner's mesh spans the same local
+  learner devices of every process, its state is global (agent replicated, buffer rows split), each update
+  takes one chunk from every process (`make_array_from_process_local_data`), and a chunk's train steps run
+  in one call, so every process makes the same calls.
 * `evaluate` plays whole greedy episodes in a fresh sync envpool (Atari: the game's raw score over all
   lives).
 """
@@ -98,23 +102,28 @@ class Sebulba:
         if int(cfg.seeds) != 1:
             raise ConfigError(f"the Sebulba (envpool) runner trains one seed per run, got seeds={cfg.seeds}; "
                               "launch one run per seed (e.g. hydra -m seed=0,1,2)")
-        if jax.process_count() > 1:
-            raise ConfigError("the Sebulba (envpool) runner runs in one process: several hosts (jax.distributed) "
-                              "are not supported yet; use env.actor_devices / env.learner_devices on one host")
         self.cfg, self.agent, self.source = cfg, agent, source
+        self.processes, self.process = jax.process_count(), jax.process_index()
         self.env_cfg = env_config(cfg.env)
         threads = int(self.env_cfg.actor_threads)
         num_envs, batch = source.num_envs, source.batch_size
         if num_envs % threads or batch % threads:
             raise ConfigError(f"num_envs={num_envs} and the envs per recv ({batch}, env.batch_size) must both "
                               f"be divisible by env.actor_threads={threads}")
-        self.actor_devices, self.learner_devices = split_devices(self.env_cfg.actor_devices,
-                                                                 self.env_cfg.learner_devices)
+        local = jax.local_devices()
+        self.actor_devices, learner = split_devices(self.env_cfg.actor_devices, self.env_cfg.learner_devices, local)
+        # Several processes: each learns on the same local devices; the learner mesh spans all of them.
+        at = [local.index(d) for d in learner]
+        self.learner_devices = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[i]
+                                for p in range(self.processes) for i in at]
         self.mesh = sharding.mesh_over(self.learner_devices) if len(self.learner_devices) > 1 else None
         if self.mesh is not None and int(getattr(agent, "batch_size", 0) or 0) % len(self.learner_devices):
             raise ConfigError(f"agent.batch_size={agent.batch_size} is not divisible by the "
                               f"{len(self.learner_devices)} learner devices (env.learner_devices)")
-        self.learner = Learner(agent, num_envs, cfg.get("on_nonfinite", "stop"))
+        if self.processes > 1 and batch % len(learner):
+            raise ConfigError(f"the envs per recv ({batch}, env.batch_size) must be divisible by the "
+                              f"{len(learner)} learner devices of each process (env.learner_devices)")
+        self.learner = Learner(agent, num_envs * self.processes, cfg.get("on_nonfinite", "stop"))
         self.train_from = self.learner.train_from
         xla = use_xla(self.env_cfg)
         if threads == 1:
@@ -126,12 +135,13 @@ class Sebulba:
             per = num_envs // threads
             workers = self.env_cfg.num_threads or os.cpu_count() or 1
             pool_cfg = dataclasses.replace(self.env_cfg, num_threads=max(1, -(-workers // threads)))
-            self.sources = [make_source(pool_cfg, per, seed=int(cfg.seed) + i * per,
+            self.sources = [make_source(pool_cfg, per, seed=int(cfg.seed) + self.process * num_envs + i * per,
                                         batch_size=batch // threads) for i in range(threads)]
-        self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=i * src.num_envs)
+        first = self.process * num_envs  # this process's first buffer row (rl/experiment.py seeds its envs so)
+        self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=first + i * src.num_envs)
                          for i, src in enumerate(self.sources)]
         self.rollout = self.rollouts[0]
-        self.steps_per_chunk = self.rollout.k * self.sources[0].batch_size
+        self.steps_per_chunk = self.rollout.k * self.sources[0].batch_size * self.processes  # all processes
         self.copy = jax.jit(lambda s: jax.tree_util.tree_map(jnp.copy, s))
         self.shardings = None  # set by `init` (the state's structure is needed)
         self.used = False
@@ -148,13 +158,31 @@ class Sebulba:
             return jax.sharding.SingleDeviceSharding(self.learner_devices[0])
         return sharding.replicated(self.mesh)
 
+    def _to_learner(self):
+        """What an actor thread applies to its chunk for the learner (None: nothing). Several processes: the
+        global chunk `[K, processes x M, ...]`, each process's recvs on its own learner devices."""
+        if self.processes > 1:
+            split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, sharding.DATA_AXIS))
+            return lambda c: jax.tree_util.tree_map(
+                lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), c)
+        if self.mesh is not None or self.actor_devices != self.learner_devices[:1] or len(self.actor_devices) > 1:
+            target = self._chunk_sharding()
+            return lambda c: jax.device_put(c, target)
+        return None
+
+    def _local(self, tree):
+        """This process's copy of a replicated learner tree (the tree itself with one process)."""
+        if self.processes == 1:
+            return tree
+        return jax.tree_util.tree_map(lambda x: x.addressable_data(0), tree)
+
     def publish(self, agent_state) -> dict:
         """A copy of the learner's agent state on every actor device (the learner donates its own), waited
         for: the learner thread blocks on its update once per `sync_interval` chunks, so the actors always
         act with finished parameters and overlap the next update (tried: not waiting let the actors' next
         rollouts wait on the update in flight instead; no clear gain in noisy measurements on 2 loaded
         cores, and the learner's time split is no longer observable from the host)."""
-        copy = self.copy(agent_state)
+        copy = self._local(self.copy(agent_state))
         values = [jax.device_put(copy, d) for d in self.actor_devices]
         return dict(zip(self.actor_devices, jax.block_until_ready(values)))
 
@@ -163,6 +191,14 @@ class Sebulba:
         """Initial `{"agent", "buffer", "key", "actor_key", "owed"}` from `cfg.seed`, on the learner devices."""
         k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(int(self.cfg.seed)), 3)
         obs = self.source.obs_example()
+        if self.processes > 1:  # every process computes the same state, each keeping its shards of it
+            def make():
+                return {"agent": self.agent.init(k_agent, obs),
+                        "buffer": self.agent.buffer.init(self.agent.step_prototype(obs)),
+                        "key": k_learn, "actor_key": k_act, "owed": jnp.zeros((), jnp.int32)}
+
+            self.shardings = self._shardings(jax.eval_shape(make))
+            return jax.jit(make, out_shardings=self.shardings)()
         # Jitted (eager network init is slow); leaves that share a buffer (target params = params at init, if
         # XLA returns one buffer for both) cannot be donated together, so those are copied (not all: a copy of
         # the whole replay buffer would double the peak memory).
@@ -172,13 +208,18 @@ class Sebulba:
                            "owed": jnp.zeros((), jnp.int32)})
 
     def restore_target(self):
-        return jax.eval_shape(self.init)
+        target = jax.eval_shape(self.init)
+        if self.processes == 1:
+            return target
+        # each process restores the shards it holds
+        return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), target,
+                                      self.shardings)
 
     def place(self, state):
         if self.shardings is None:
             self.shardings = self._shardings(state)
-        if self.mesh is None and self.learner_devices[0] == jax.devices()[0]:
-            return state  # the single-device default: nothing to move
+        if self.mesh is None and self.learner_devices[0] == jax.devices()[0] or self.processes > 1:
+            return state  # the single-device default, or already global arrays: nothing to move
         return jax.device_put(state, self.shardings)
 
     def rounded_total(self, total_steps: int) -> int:
@@ -194,12 +235,9 @@ class Sebulba:
         published = self.publish(state["agent"])
         mailboxes = {d: Mailbox(v) for d, v in published.items()}
         threads = len(self.rollouts)
-        to_learner = None
-        if self.mesh is not None or self.actor_devices != self.learner_devices[:1] or len(self.actor_devices) > 1:
-            target = self._chunk_sharding()
-            to_learner = lambda c: jax.device_put(c, target)
-        # A fresh actor stream per (re)start: the envs restart anyway.
-        key = jax.random.fold_in(state["actor_key"], env_steps)
+        to_learner = self._to_learner()
+        # A fresh actor stream per (re)start (the envs restart anyway) and per process.
+        key = jax.random.fold_in(jax.random.fold_in(self._local(state["actor_key"]), env_steps), self.process)
         actors = []
         for i, rollout in enumerate(self.rollouts):
             device = self.actor_devices[i % len(self.actor_devices)]
@@ -221,7 +259,7 @@ class Sebulba:
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy scores `[1, episodes]`."""
-        agent_state = jax.device_put(self.copy(state["agent"]), self.actor_devices[0])
+        agent_state = jax.device_put(self._local(self.copy(state["agent"])), self.actor_devices[0])
         return evaluate(self.agent, agent_state, self.env_cfg, episodes, int(self.cfg.seed) + 10**6, key,
                         self.env_cfg.eval_max_steps)[None]
 
@@ -257,7 +295,8 @@ class _Session:
                     self.written = True
                     owed = learner.updates_due(env_steps + r.steps_per_chunk) - learner.updates_due(env_steps)
                     owed = owed if self.learn else 0
-                n = min(owed, learner.cap(loop.SUBCHUNK_S))
+                # Several processes make the same calls: a chunk's steps in one (no per-process timing).
+                n = owed if r.processes > 1 else min(owed, learner.cap(loop.SUBCHUNK_S))
                 t0 = time.perf_counter()
                 agent, buffer, key, totals = learner.update(agent, buffer, key, totals, self.chunk, np.bool_(write),
                                                             np.int32(n), np.int32(env_steps + r.steps_per_chunk))
@@ -272,9 +311,13 @@ class _Session:
                         for d, v in r.publish(agent).items():
                             self.mailboxes[d].put(v)
                 self.update_s += time.perf_counter() - t0
-                if (env_steps >= until and owed == 0) or (owed and time.perf_counter() - t_start >= loop.SUBCHUNK_S):
+                if (env_steps >= until and owed == 0) or (owed and r.processes == 1
+                                                          and time.perf_counter() - t_start >= loop.SUBCHUNK_S):
                     break
-        return {**state, "agent": agent, "buffer": buffer, "key": key, "owed": jnp.asarray(owed, jnp.int32)}, env_steps, totals
+        owed_now = jnp.asarray(owed, jnp.int32)
+        if r.processes > 1:  # a global array like the rest of the state (checkpoints save global arrays)
+            owed_now = jax.device_put(np.int32(owed), sharding.replicated(r.mesh))
+        return {**state, "agent": agent, "buffer": buffer, "key": key, "owed": owed_now}, env_steps, totals
 
     def stats(self) -> dict:
         return {**self.actors.stats(), "learner_update_s": self.update_s, "chunks": self.chunks}

@@ -6,6 +6,7 @@ fails the test, naming the stage."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -97,3 +98,68 @@ def test_two_processes_stop_together_resume_bit_exact_and_refuse_one(tmp_path):
     for x, y in zip(_leaves(uninterrupted), _leaves(resumed)):
         np.testing.assert_array_equal(x, y)
     assert metrics.read_text() == (tmp_path / "straight" / "metrics.csv").read_text()
+
+
+SEBULBA = ["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "log_interval=1000", "eval_episodes=2",
+           "agent.learning_starts=500", "agent.batch_size=16", "agent.buffer_size=2000",
+           "agent.network.hidden_sizes=[16]", "total_steps=16000", "env.actor_devices=1", "env.learner_devices=1"]
+
+
+def test_sebulba_two_processes_train_stop_together_and_resume(tmp_path):
+    """Each process acts on its own local device over its own 8 envs (its own buffer rows), the learner is
+    data-parallel over one device of each process; env steps count both processes' recvs."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    procs = _start([run, other], *SEBULBA)
+    t0 = time.monotonic()
+    metrics = run / "metrics.csv"
+    while time.monotonic() - t0 < WATCHDOG_S and procs[1].poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) > 1:
+            procs[1].send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    for code, text in _finish(procs, "Sebulba, SIGTERM to process 1"):
+        assert code == 128 + signal.SIGTERM, text[-3000:]
+    step = checkpoint.latest_step(run)
+    assert step is not None and 0 < step < 16384
+
+    alone = subprocess.run([sys.executable, "-m", "scripts.train", f"resume={run}"], check=False, cwd=ROOT,
+                           timeout=WATCHDOG_S, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="disabled", JAX_PLATFORMS="cpu",
+                                    XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    assert alone.returncode != 0 and "resume it with 2" in alone.stdout + alone.stderr, alone.stdout + alone.stderr
+
+    for code, text in _finish(_start([run, other], f"resume={run}"), "Sebulba, resume with 2 processes"):
+        assert code == 0, text[-3000:]
+    rows = np.genfromtxt(metrics, delimiter=",", names=True)
+    # A chunk is 128 recvs x 4 envs per process: 1024 env steps over both processes (16000 rounds up to 16384).
+    np.testing.assert_array_equal(rows["env_steps"], 1024 * np.arange(1, 17))
+    # Both processes' episodes are counted: ended episodes cover most of the steps (one process's envs alone
+    # would give about half).
+    assert np.sum(rows["episodes"] * rows["episode_length"]) > 0.75 * 16384
+    assert (run / "train.1.log").exists() and not (other / "metrics.csv").exists()
+
+
+UPDATE = ROOT / "tests" / "multidevice" / "sebulba_update.py"
+LEARNER = ["agent=dqn", "env=envpool/cartpole", "logger=none", "agent.batch_size=16", "agent.buffer_size=64",
+           "agent.network.hidden_sizes=[16]", "agent.learning_starts=0", "agent.optim.lr=1e-2"]
+
+
+def test_sebulba_two_process_learner_update_equals_one_process(tmp_path):
+    """5 train steps on the same global chunk (tests/multidevice/sebulba_update.py): 2 processes x 8 envs with
+    the learner on one device of each == 1 process x 16 envs on one device, up to float summation order."""
+    port = _free_port()
+    two = [subprocess.Popen([sys.executable, str(UPDATE), str(tmp_path / "two.json"), *LEARNER, "num_envs=8",
+                             "env.actor_devices=1", "env.learner_devices=1", "distributed=env"], cwd=ROOT,
+                            env=_env(port, i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+    one = subprocess.Popen([sys.executable, str(UPDATE), str(tmp_path / "one.json"), *LEARNER, "num_envs=16"],
+                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for code, text in _finish([*two, one], "learner update"):
+        assert code == 0, text[-3000:]
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
+    assert len(a["params"]) == len(b["params"]) > 0
+    for x, y, x0, y0 in zip(a["params"], b["params"], a["init"], b["init"]):
+        np.testing.assert_array_equal(x0, y0)  # the same initial parameters
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(x, x0) for x, x0 in zip(b["params"], b["init"]))  # the steps trained
