@@ -124,17 +124,6 @@ def agree(until: int, signum: int | None) -> tuple[int, int | None]:
     return int(got.reshape(-1, 2)[0, 0]), signum or (received[0] if received else None)
 
 
-def check_process_count(saved: int) -> None:
-    """Refuse to resume a checkpoint written by another number of processes."""
-    import jax
-
-    from rl.config import ConfigError
-
-    if saved != jax.process_count():
-        raise ConfigError(f"this run was checkpointed by {saved} process(es) and is resumed by "
-                          f"{jax.process_count()}: resume it with {saved} (distributed.num_processes)")
-
-
 _PATH_BYTES = 4096
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from rl.config import ConfigError
 from rl.infra import checkpoint, distributed
 from rl.runners import guard
 from rl.runners import totals as totals_lib
@@ -151,7 +152,10 @@ def _start(cfg, runner, logger, resume_from):
     dir the logger writes to), with the logger started."""
     env_steps, wandb_id, history, partial = 0, None, [], None
     if resume_from is not None:
-        distributed.check_process_count(int(checkpoint.read_meta(resume_from).get("process_count", 1)))
+        saved = int(checkpoint.read_meta(resume_from).get("process_count", 1))
+        if saved != jax.process_count():
+            raise ConfigError(f"this run was checkpointed by {saved} process(es) and is resumed by "
+                              f"{jax.process_count()}: resume it with {saved} (distributed.num_processes)")
         state, meta = checkpoint.restore(resume_from, runner.restore_target())
         state = runner.place(state)
         env_steps, wandb_id, history = int(meta["env_steps"]), meta.get("wandb_id"), meta.get("history", [])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from rl.config import compose
 from rl.experiment import build
@@ -41,8 +42,8 @@ def _start(run_dirs: list[Path], *overrides: str) -> list[subprocess.Popen]:
                              stderr=subprocess.STDOUT, text=True) for i, d in enumerate(run_dirs)]
 
 
-def _finish(procs: list[subprocess.Popen], stage: str) -> list[tuple[int, str]]:
-    deadline = time.monotonic() + WATCHDOG_S
+def _finish(procs: list[subprocess.Popen], stage: str, watchdog_s: float = WATCHDOG_S) -> list[tuple[int, str]]:
+    deadline = time.monotonic() + watchdog_s
     out = []
     for i, p in enumerate(procs):
         try:
@@ -50,7 +51,7 @@ def _finish(procs: list[subprocess.Popen], stage: str) -> list[tuple[int, str]]:
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise AssertionError(f"{stage}: process {i} still running after {WATCHDOG_S} s (a collective waiting?)")
+            raise AssertionError(f"{stage}: process {i} still running after {watchdog_s} s (a collective waiting?)")
         out.append((p.returncode, text))
     return out
 
@@ -163,3 +164,17 @@ def test_sebulba_two_process_learner_update_equals_one_process(tmp_path):
         np.testing.assert_array_equal(x0, y0)  # the same initial parameters
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     assert any(not np.allclose(x, x0) for x, x0 in zip(b["params"], b["init"]))  # the steps trained
+
+
+@pytest.mark.slow
+def test_sebulba_two_processes_learn_cartpole(tmp_path):
+    """`agent=dqn env=envpool/cartpole` (DQN defaults) on 2 processes x 8 envs, actors on local device 0 and
+    the learner on local device 1 of both, 500k env steps over both: greedy evaluation (20 episodes) >= 475."""
+    run = tmp_path / "run"
+    procs = _start([run, tmp_path / "other"], "agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8",
+                   "env.actor_devices=1", "env.learner_devices=1", "total_steps=500000", "log_interval=50000",
+                   "eval_episodes=20", "checkpoint.enabled=false")
+    for code, text in _finish(procs, "learning run", watchdog_s=7200):
+        assert code == 0, text[-3000:]
+    returns = json.loads((run / "summary.json").read_text())["eval_returns"][0]
+    assert np.mean(returns) >= 475, returns
