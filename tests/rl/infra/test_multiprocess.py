@@ -16,7 +16,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import pytest
 
 from rl.config import compose
 from rl.experiment import build
@@ -165,16 +164,3 @@ def test_sebulba_two_process_learner_update_equals_one_process(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     assert any(not np.allclose(x, x0) for x, x0 in zip(b["params"], b["init"]))  # the steps trained
 
-
-@pytest.mark.slow
-def test_sebulba_two_processes_learn_cartpole(tmp_path):
-    """`agent=dqn env=envpool/cartpole` (DQN defaults) on 2 processes x 8 envs, actors on local device 0 and
-    the learner on local device 1 of both, 500k env steps over both: greedy evaluation (20 episodes) >= 475."""
-    run = tmp_path / "run"
-    procs = _start([run, tmp_path / "other"], "agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8",
-                   "env.actor_devices=1", "env.learner_devices=1", "total_steps=500000", "log_interval=50000",
-                   "eval_episodes=20", "checkpoint.enabled=false")
-    for code, text in _finish(procs, "learning run", watchdog_s=7200):
-        assert code == 0, text[-3000:]
-    returns = json.loads((run / "summary.json").read_text())["eval_returns"][0]
-    assert np.mean(returns) >= 475, returns
