@@ -13,6 +13,12 @@ Python entry points call it:
 * `build(cfg) -> runner`: the runner (`rl.runners.anakin.Anakin` for gymnax, `rl.runners.sebulba.Sebulba` for envpool)
   with its source and agent.
 
+A population (`population.agent.<key>=[v1,v2,...]`, rl/learning/population.py: `members`) trains every
+combination of the values x `seeds` in one Anakin program; keys outside the agent's `POPULATION_KEYS`, other
+population sections and the envpool runner are refused with one line. Its metrics.csv rows carry each
+member's overrides, `summary.csv` in the run dir has one row per member, and `run` returns them as
+`result["members"]`.
+
 Resuming (`resume=<run dir>`): the saved run's config is used; `overrides` (the command line) may change
 only `rl.config.RESUME_FREE_KEYS` (total_steps, logging, checkpoint cadence, eval episodes, ...), anything
 else that differs is refused naming the keys. Both configs are compared with every agent and env field
@@ -33,10 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from agents import agent_config, make_agent
+from agents import agent_config, make_agent, population_keys
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory
+from rl.learning.population import Population, canonical, config_value, grid
 from rl.runners import loop
 from rl.runners.replay_ratio import ReplayRatio
 
@@ -64,9 +71,72 @@ def _make_agent(agent_cfg, source, total_steps: int):
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """`{"optim": {"lr": [...]}}` -> `{"optim.lr": [...]}`."""
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
+    """`cfg.population`'s members: per member, population key (`optim.lr`) -> value, and the overrides a
+    separate run would set (`agent.<key as given>=<value>`); `([], [])` without a population. Every member's
+    agent config is checked as a run's would be; anything else is refused with one line (`ConfigError`)."""
+    spec = OmegaConf.to_container(cfg.population, resolve=True) if cfg.get("population") else {}
+    if set(spec) - {"agent"}:
+        key = next(k for k in spec if k != "agent")
+        raise ConfigError(f"population.{key}: only agent hyperparameters form a population "
+                          f"(population.agent.<key>=[...]); sweep {key} with hydra -m ({key}=<v1>,<v2>)")
+    if not spec:
+        return [], []
+    if runner_of(env_cfg) == "sebulba":
+        raise ConfigError(f"population: the envpool (Sebulba) runner trains one setting per run (env "
+                          f"{env_cfg.id}); sweep the hyperparameters with hydra -m instead")
+    if not isinstance(spec["agent"], dict):
+        raise ConfigError(f"population.agent must map agent keys to lists of values "
+                          f"(population.agent.<key>=[v1,v2]), got {spec['agent']!r}")
+    values = _flat(spec["agent"])
+    if not values:
+        return [], []
+    allowed = population_keys(agent_cfg.name)
+    for key, vals in values.items():
+        name = f"population.agent.{key}"
+        try:
+            config_value(agent_cfg, canonical(key))
+        except AttributeError:
+            raise ConfigError(f"{name}: agent {agent_cfg.name} has no key {key!r}; its population keys: "
+                              f"{', '.join(allowed) or 'none'}") from None
+        if canonical(key) not in allowed:
+            raise ConfigError(f"{name}: agent.{key} changes shapes or control flow, so it cannot vary inside one "
+                              f"program; sweep it with hydra -m (agent.{key}=<v1>,<v2>); population keys of "
+                              f"{agent_cfg.name}: {', '.join(allowed) or 'none'}")
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"{name} must be a non-empty list of values, e.g. {name}=[{vals},...], got {vals!r}")
+    out, overrides = [], []
+    for member in grid(values):
+        run = cfg.copy()  # interpolations still live: agent.lr feeds optim.lr
+        for key, value in member.items():
+            OmegaConf.update(run, f"agent.{key}", value, merge=False, force_add=True)
+        where = ", ".join(f"agent.{k}={v}" for k, v in member.items())
+        try:
+            typed = agent_config(run.agent)
+        except ConfigError as e:
+            raise ConfigError(f"population member {where}: {e}") from None
+        out.append({canonical(k): config_value(typed, canonical(k)) for k in member})
+        overrides.append({f"agent.{k}": v for k, v in member.items()})
+    for key in values:
+        if len({m[canonical(key)] for m in out}) < len(set(values[key])):
+            raise ConfigError(f"population.agent.{key}: the members' agent.{canonical(key)} does not follow it "
+                              f"(set on the command line as well?)")
+    return out, overrides
+
+
 def build(cfg: DictConfig):
-    """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
+    """The runner for `cfg` (validated first): its env source, the agent built for its spaces (a `Population`
+    of it where `cfg.population` names one)."""
     agent_cfg, env_cfg = validate(cfg)
+    member_values, member_overrides = members(cfg, agent_cfg, env_cfg)
     source = make_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))  # built once, handed to the runner
     try:
         agent = _make_agent(agent_cfg, source, int(cfg.total_steps))
@@ -74,6 +144,8 @@ def build(cfg: DictConfig):
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
                           f"{source.num_actions} actions)") from None
+    if member_values:
+        agent = Population(agent, member_values, int(cfg.seeds), member_overrides)
     if runner_of(env_cfg) == "sebulba":
         from rl.runners.sebulba import Sebulba
 
@@ -134,14 +206,31 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
     runner = build(cfg)
     need = memory.check(runner, cfg)  # before anything is allocated or written
-    logger = RunLogger(cfg, run_dir)
+    population = runner.agent if isinstance(runner.agent, Population) else None
+    logger = RunLogger(cfg, run_dir, rows=population and population.row_labels())
     try:
         if need.total > memory.GB:
             logger.note(f"memory: this run holds about {need.describe()}")
         _warn_idle(cfg, runner, logger.note)
-        return loop.run(cfg, runner, logger, resume_from)
+        result = loop.run(cfg, runner, logger, resume_from)
+        if population is not None:
+            result["members"] = _member_results(result, population, logger)
+        return result
     finally:
         logger.close()
+
+
+def _member_results(result: dict, population: Population, logger) -> list[dict]:
+    """Per member: its row of `summary.csv` (written here, rl/infra/sweep.py) and its seeds' `eval_returns`
+    `[seeds, K]` and `episode_return` `[seeds]`."""
+    from rl.infra.sweep import summarize_members
+
+    rows = summarize_members(logger.run_dir, population.overrides)
+    logger.paths["population_summary"] = logger.run_dir / "summary.csv"
+    seeds = population.seeds
+    return [{**row, "overrides": population.overrides[m],
+             "eval_returns": result["eval_returns"][m * seeds:(m + 1) * seeds],
+             "episode_return": result["episode_return"][m * seeds:(m + 1) * seeds]} for m, row in enumerate(rows)]
 
 
 def train(*overrides: str, run_dir: str | Path | None = None) -> dict:
@@ -204,9 +293,9 @@ class Policy:
 
 def load_policy(run_dir: str | Path, seed: int = 0) -> Policy:
     """The evaluation policy of seed index `seed` (of the run's vmapped seeds) from the run's newest checkpoint."""
-    cfg, runner, state = _restored(run_dir)
+    _, runner, state = _restored(run_dir)
     sebulba = isinstance(state, dict)  # Sebulba: one seed; Anakin: (runner state, iteration), leaves [S, ...]
-    seeds = 1 if sebulba else int(cfg.seeds)
+    seeds = 1 if sebulba else runner.num_seeds  # a population's rows: member m seed j is m * seeds + j
     if not 0 <= seed < seeds:
         raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{seeds - 1}")
     agent_state = state["agent"] if sebulba else jax.tree_util.tree_map(lambda x: x[seed], state[0].agent)
