@@ -139,8 +139,8 @@ class DQN(StepFormat):
         return epsilon_greedy(key, self.network.apply(state.params, obs), eps), carry, {}
 
     # --- learning -----------------------------------------------------------------------------------
-    def _loss(self, params, target_params, batch, hp):
-        cfg = self.cfg
+    def _loss(self, params, target_params, batch, hp: dict | None = None):
+        cfg, hp = self.cfg, hp or self.hyperparams()
         q = self.network.apply(params, batch.obs)
         q_taken = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
         q_next_target = self.network.apply(target_params, batch.next_obs)
@@ -154,7 +154,7 @@ class DQN(StepFormat):
         loss = jnp.mean(weights * td_loss(td, cfg.loss, hp["huber_delta"]))
         return loss, (td, q_taken)
 
-    def _update(self, carry, key, hparams):
+    def _update(self, carry, key, hparams: dict | None = None):
         state, buffer_state = carry
         cfg, hp = self.cfg, self.hyperparams(hparams)
         batch = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size, hp["discount"]))

@@ -4,6 +4,8 @@ refuses what it cannot vary with one line, reports per member and resumes bit fo
 from __future__ import annotations
 
 import csv
+import re
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -116,6 +118,12 @@ def test_every_population_key_is_traced(tmp_path):
     for x, y in zip(_leaves(pop["state"][0].agent.agent), _leaves(alone["state"][0].agent), strict=True):
         np.testing.assert_array_equal(x, y)  # bit-exact on CPU (traced and constant arithmetic agree)
     assert pop["eval_returns"] == alone["eval_returns"]
+
+
+def test_the_readme_lists_dqns_population_keys():
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| DQN | `optim.lr`"))
+    assert re.findall(r"`([\w.]+)`", row.split("|")[2]) == ["optim.lr", "lr", *POPULATION_KEYS[1:]]
 
 
 @pytest.mark.parametrize("overrides, message", [
