@@ -4,7 +4,10 @@ refuses what it cannot vary with one line, reports per member and resumes bit fo
 from __future__ import annotations
 
 import csv
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -13,7 +16,7 @@ import pytest
 
 from agents.dqn import POPULATION_KEYS
 from rl.config import ConfigError, compose
-from rl.experiment import build, run
+from rl.experiment import build, load_policy, run
 from rl.learning.population import MemberState, grid
 from tests.conftest import TINY_DQN
 
@@ -85,6 +88,10 @@ def test_reports_like_a_multirun(population):
         assert result["members"][m]["overrides"] == {"agent.optim.lr": [1e-3, 1e-3, 3e-3, 3e-3][m],
                                                      "agent.discount": [0.9, 0.99, 0.9, 0.99][m]}
         assert result["members"][m]["eval_return"] == pytest.approx(float(row["eval_return"]))
+    policy = load_policy(out, seed=7)  # a row: member 3, seed 1
+    for x, y in zip(_leaves(policy.params), _leaves(jax.tree_util.tree_map(lambda x: x[7],
+                                                                          result["state"][0].agent.params))):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_resume_is_bit_exact(tmp_path):
@@ -145,3 +152,18 @@ def test_refused_population_keys(overrides, message):
     with pytest.raises(ConfigError) as e:
         build(compose([*TINY_DQN, *overrides]))
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[3]
+    return subprocess.run([sys.executable, "-m", "scripts.train", *args], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=300, check=False)
+
+
+def test_the_command_line_refuses_in_one_line(tmp_path):
+    proc = _cli(*TINY_DQN, "population.agent.n_step=[1,3]", f"hydra.run.dir={tmp_path / 'refused'}")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        ("config error: population.agent.n_step: agent.n_step changes shapes or control flow, so it cannot vary inside "
+        "one program; sweep it with hydra -m (agent.n_step=<v1>,<v2>); population keys of dqn: optim.lr, discount, "
+        "tau, huber_delta, epsilon_start, epsilon_end, epsilon_decay_steps, importance_exponent")]
+    assert not (tmp_path / "refused").exists()
