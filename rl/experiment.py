@@ -102,6 +102,9 @@ def members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]
     allowed = population_keys(agent_cfg.name)
     for key, vals in values.items():
         name = f"population.agent.{key}"
+        if not allowed:
+            raise ConfigError(f"{name}: agent {agent_cfg.name} has no population keys yet; sweep it with hydra -m "
+                              f"(agent.{key}=<v1>,<v2>)")
         try:
             config_value(agent_cfg, canonical(key))
         except AttributeError:

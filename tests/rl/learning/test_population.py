@@ -107,6 +107,8 @@ def test_resume_is_bit_exact(tmp_path):
     assert straight["eval_returns"] == resumed["eval_returns"]
     assert (tmp_path / "straight" / "metrics.csv").read_text() == (tmp_path / "first" / "metrics.csv").read_text()
     assert (tmp_path / "straight" / "summary.csv").read_text() == (tmp_path / "first" / "summary.csv").read_text()
+    with pytest.raises(ConfigError, match=r"cannot resume: population.agent.lr differ"):
+        run(compose([*common[:-1], "population.agent.lr=[1e-3,1e-2]", f"resume={tmp_path / 'first'}"]), tmp_path)
 
 
 # A value of every DQN population key away from TINY_DQN's (prioritised replay and the Huber loss, so that the
@@ -152,6 +154,11 @@ def test_refused_population_keys(overrides, message):
     with pytest.raises(ConfigError) as e:
         build(compose([*TINY_DQN, *overrides]))
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_an_agent_without_population_keys_refuses():
+    with pytest.raises(ConfigError, match="population.agent.discount: agent r2d2 has no population keys yet; sweep"):
+        build(compose(["agent=r2d2", "env=cartpole", "population.agent.discount=[0.99,0.997]"]))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
