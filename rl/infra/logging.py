@@ -84,7 +84,7 @@ class RunLogger:
         self.rows = rows
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.history: list[dict] = []  # rows {"env_steps", "seed", metric: value}
+        self.history: list[dict] = []  # rows {"env_steps", row labels ("seed", ...), metric: value}
         self.wandb_id: str | None = None
         self.paths: dict[str, Path] = {}
         self._wandb = None
