@@ -82,6 +82,18 @@ def read_metrics(run_dir: str | Path) -> dict[Any, dict[str, np.ndarray]]:
     return {s: {k: np.asarray(v, np.float64) for k, v in cols.items()} for s, cols in sorted(by_seed.items())}
 
 
+def member_overrides(run_dir: str | Path) -> dict[int, dict[str, str]]:
+    """A population run's `{member: {override: value}}` (the metrics.csv columns between `member` and `seed`,
+    rl/infra/logging.py); `{}` for other runs."""
+    with (Path(run_dir) / "metrics.csv").open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        if "member" not in header:
+            return {}
+        first, last = header.index("member"), header.index("seed")
+        return {int(float(row[first])): dict(zip(header[first + 1:last], row[first + 1:last])) for row in reader}
+
+
 def _finals(curves: list[dict[str, np.ndarray]], evals: list[np.ndarray]) -> dict[str, Any]:
     """Final results of some seeds: their last logged `episode_return` (`curves`: each seed's metrics columns)
     and greedy evaluation returns (`evals`: each seed's `[episodes]`), mean and std over seeds."""

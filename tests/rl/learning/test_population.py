@@ -18,6 +18,7 @@ from agents.dqn import POPULATION_KEYS
 from rl.config import ConfigError, compose
 from rl.experiment import build, load_policy, run
 from rl.learning.population import MemberState, grid
+from scripts import plot
 from tests.conftest import TINY_DQN
 
 COVERS = {"train.population": ["test_a_member_equals_its_separate_run", "test_refused_population_keys",
@@ -88,6 +89,9 @@ def test_reports_like_a_multirun(population):
         assert result["members"][m]["overrides"] == {"agent.optim.lr": [1e-3, 1e-3, 3e-3, 3e-3][m],
                                                      "agent.discount": [0.9, 0.99, 0.9, 0.99][m]}
         assert result["members"][m]["eval_return"] == pytest.approx(float(row["eval_return"]))
+    groups = plot.collect_curves(out, "episode_return")  # scripts.plot: one curve per member, over its seeds
+    assert sorted(groups) == [f"agent.optim.lr={lr} agent.discount={d}" for lr in ("0.001", "0.003")
+                              for d in ("0.9", "0.99")] and all(len(c) == 2 for c in groups.values())
     policy = load_policy(out, seed=7)  # a row: member 3, seed 1
     for x, y in zip(_leaves(policy.params), _leaves(jax.tree_util.tree_map(lambda x: x[7],
                                                                           result["state"][0].agent.params))):
