@@ -43,7 +43,8 @@ from agents import agent_config, make_agent, population_keys
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory
-from rl.learning.population import Population, canonical, config_value, grid
+from rl.learning.population import Population
+from rl.learning.population import members as population_members
 from rl.runners import loop
 from rl.runners.replay_ratio import ReplayRatio
 
@@ -71,68 +72,25 @@ def _make_agent(agent_cfg, source, total_steps: int):
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """`{"optim": {"lr": [...]}}` -> `{"optim.lr": [...]}`."""
-    out = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
-    """`cfg.population`'s members: per member, population key (`optim.lr`) -> value, and the overrides a
-    separate run would set (`agent.<key as given>=<value>`); `([], [])` without a population. Every member's
-    agent config is checked as a run's would be; anything else is refused with one line (`ConfigError`)."""
+    """`cfg.population`'s members (`rl.learning.population.members`: values by population key, overrides),
+    each member's agent config typed and checked as its separate run's; `([], [])` without a population.
+    Anything that cannot form a population is refused with one line (`ConfigError`)."""
     spec = OmegaConf.to_container(cfg.population, resolve=True) if cfg.get("population") else {}
-    if set(spec) - {"agent"}:
-        key = next(k for k in spec if k != "agent")
-        raise ConfigError(f"population.{key}: only agent hyperparameters form a population "
-                          f"(population.agent.<key>=[...]); sweep {key} with hydra -m ({key}=<v1>,<v2>)")
-    if not spec:
-        return [], []
-    if runner_of(env_cfg) == "sebulba":
+    if spec and runner_of(env_cfg) == "sebulba":
         raise ConfigError(f"population: the envpool (Sebulba) runner trains one setting per run (env "
                           f"{env_cfg.id}); sweep the hyperparameters with hydra -m instead")
-    if not isinstance(spec["agent"], dict):
-        raise ConfigError(f"population.agent must map agent keys to lists of values "
-                          f"(population.agent.<key>=[v1,v2]), got {spec['agent']!r}")
-    values = _flat(spec["agent"])
-    if not values:
-        return [], []
-    allowed = population_keys(agent_cfg.name)
-    for key, vals in values.items():
-        name = f"population.agent.{key}"
-        if not allowed:
-            raise ConfigError(f"{name}: agent {agent_cfg.name} has no population keys yet; sweep it with hydra -m "
-                              f"(agent.{key}=<v1>,<v2>)")
-        try:
-            config_value(agent_cfg, canonical(key))
-        except AttributeError:
-            raise ConfigError(f"{name}: agent {agent_cfg.name} has no key {key!r}; its population keys: "
-                              f"{', '.join(allowed) or 'none'}") from None
-        if canonical(key) not in allowed:
-            raise ConfigError(f"{name}: agent.{key} changes shapes or control flow, so it cannot vary inside one "
-                              f"program; sweep it with hydra -m (agent.{key}=<v1>,<v2>); population keys of "
-                              f"{agent_cfg.name}: {', '.join(allowed) or 'none'}")
-        if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"{name} must be a non-empty list of values, e.g. {name}=[{vals},...], got {vals!r}")
-    out, overrides = [], []
-    for member in grid(values):
-        run = cfg.copy()  # interpolations still live: agent.lr feeds optim.lr
+
+    def typed(member: dict):  # the member's agent config; interpolations still live: agent.lr feeds optim.lr
+        run_cfg = cfg.copy()
         for key, value in member.items():
-            OmegaConf.update(run, f"agent.{key}", value, merge=False, force_add=True)
-        where = ", ".join(f"agent.{k}={v}" for k, v in member.items())
-        try:
-            typed = agent_config(run.agent)
-        except ConfigError as e:
-            raise ConfigError(f"population member {where}: {e}") from None
-        out.append({canonical(k): config_value(typed, canonical(k)) for k in member})
-        overrides.append({f"agent.{k}": v for k, v in member.items()})
-    for key in values:
-        if len({m[canonical(key)] for m in out}) < len(set(values[key])):
-            raise ConfigError(f"population.agent.{key}: the members' agent.{canonical(key)} does not follow it "
-                              f"(set on the command line as well?)")
-    return out, overrides
+            OmegaConf.update(run_cfg, f"agent.{key}", value, merge=False, force_add=True)
+        return agent_config(run_cfg.agent)
+
+    try:
+        return population_members(spec, agent_cfg, population_keys(agent_cfg.name), typed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def build(cfg: DictConfig):

@@ -3,7 +3,8 @@
 `population.agent.<key>=[v1,v2,...]` (configs/config.yaml) names values of an agent's *population keys*:
 hyperparameters that change neither shapes nor control flow (each agent lists its own in
 `POPULATION_KEYS`, e.g. agents/dqn.py). The members are every combination of the values (`grid`, the first
-key varying slowest, as hydra's `-m`). `Population(agent, members, seeds)` wraps the agent so that each row of
+key varying slowest, as hydra's `-m`); `members` checks a config's section and refuses, in one line, any key
+that cannot vary inside one program. `Population(agent, members, seeds)` wraps the agent so that each row of
 the runner's seed axis carries its member's values as traced scalars (`MemberState.hparams`) and the agent
 reads them in place of its config's (its `act`/`train_step`/... take `hparams=`).
 
@@ -15,7 +16,7 @@ Rows: member m, seed j is row `m * seeds + j` (member-major) and uses the keys o
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -54,6 +55,64 @@ def config_value(cfg: Any, key: str) -> Any:
     for part in key.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+def _flat(tree: Mapping, prefix: str = "") -> dict:
+    """`{"optim": {"lr": [...]}}` -> `{"optim.lr": [...]}`."""
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, Mapping) else {f"{prefix}{k}": v})
+    return out
+
+
+def members(spec: Mapping, agent_cfg: Any, allowed: Sequence[str], typed: Callable[[dict], Any]
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The members of a `population:` config section `spec` for the typed agent config `agent_cfg`, whose
+    population keys are `allowed`: per member, population key (canonical) -> value, and the overrides its
+    separate run would set (`{"agent.<key as given>": value}`); `([], [])` for an empty section.
+    `typed(member)`: the member's agent config, checked (raises `ValueError`). Anything that cannot vary
+    inside one program is refused with a one-line `ValueError` naming the key."""
+    if set(spec) - {"agent"}:
+        key = next(k for k in spec if k != "agent")
+        raise ValueError(f"population.{key}: only agent hyperparameters form a population "
+                         f"(population.agent.<key>=[...]); sweep {key} with hydra -m ({key}=<v1>,<v2>)")
+    section = spec.get("agent", {})
+    values = _flat(section) if isinstance(section, Mapping) else None
+    if values is None:
+        raise ValueError(f"population.agent must map agent keys to lists of values (population.agent.<key>=[v1,v2]), "
+                         f"got {section!r}")
+    if not values:
+        return [], []
+    name = agent_cfg.name
+    for key, vals in values.items():
+        where = f"population.agent.{key}"
+        if not allowed:
+            raise ValueError(f"{where}: agent {name} has no population keys yet; sweep it with hydra -m "
+                             f"(agent.{key}=<v1>,<v2>)")
+        try:
+            config_value(agent_cfg, canonical(key))
+        except AttributeError:
+            raise ValueError(f"{where}: agent {name} has no key {key!r}; its population keys: "
+                             f"{', '.join(allowed)}") from None
+        if canonical(key) not in allowed:
+            raise ValueError(f"{where}: agent.{key} changes shapes or control flow, so it cannot vary inside one "
+                             f"program; sweep it with hydra -m (agent.{key}=<v1>,<v2>); population keys of {name}: "
+                             f"{', '.join(allowed)}")
+        if not isinstance(vals, list) or not vals:
+            raise ValueError(f"{where} must be a non-empty list of values, e.g. {where}=[{vals},...], got {vals!r}")
+    out, overrides = [], []
+    for member in grid(values):
+        try:
+            cfg = typed(member)
+        except ValueError as e:
+            raise ValueError(f"population member {', '.join(f'agent.{k}={v}' for k, v in member.items())}: {e}") from None
+        out.append({canonical(k): config_value(cfg, canonical(k)) for k in member})
+        overrides.append({f"agent.{k}": v for k, v in member.items()})
+    for key in values:
+        if len({m[canonical(key)] for m in out}) < len(set(values[key])):
+            raise ValueError(f"population.agent.{key}: the members' agent.{canonical(key)} does not follow it "
+                             f"(set on the command line as well?)")
+    return out, overrides
 
 
 class Population:
