@@ -72,7 +72,7 @@ def _make_agent(agent_cfg, source, total_steps: int):
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 
-def members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
+def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
     """`cfg.population`'s members (`rl.learning.population.members`: values by population key, overrides),
     each member's agent config typed and checked as its separate run's; `([], [])` without a population.
     Anything that cannot form a population is refused with one line (`ConfigError`)."""
@@ -97,7 +97,7 @@ def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces (a `Population`
     of it where `cfg.population` names one)."""
     agent_cfg, env_cfg = validate(cfg)
-    member_values, member_overrides = members(cfg, agent_cfg, env_cfg)
+    member_values, member_overrides = _members(cfg, agent_cfg, env_cfg)
     source = make_source(env_cfg, int(cfg.num_envs), seed=int(cfg.seed))  # built once, handed to the runner
     try:
         agent = _make_agent(agent_cfg, source, int(cfg.total_steps))
@@ -168,7 +168,7 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     runner = build(cfg)
     need = memory.check(runner, cfg)  # before anything is allocated or written
     population = runner.agent if isinstance(runner.agent, Population) else None
-    logger = RunLogger(cfg, run_dir, rows=population and population.row_labels())
+    logger = RunLogger(cfg, run_dir, rows=population.row_labels() if population else None)
     try:
         if need.total > memory.GB:
             logger.note(f"memory: this run holds about {need.describe()}")
