@@ -2,7 +2,8 @@
 agent it names.
 
 Every agent is a module or package `agents/<name>` exposing its `Config` dataclass and
-`make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/learning/agent.py).
+`make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/learning/agent.py),
+and optionally `POPULATION_KEYS` (`population_keys`).
 Agents are imported lazily, so an agent's dependencies load only when it is used.
 """
 
@@ -44,6 +45,12 @@ def agent_config(section: Any):
         lr, optim = section.pop("lr"), dict(section.get("optim") or {})
         section["optim"] = {"lr": lr, **optim}
     return to_dataclass(importlib.import_module(f"agents.{name}").Config, section, "agent")
+
+
+def population_keys(name: str) -> tuple[str, ...]:
+    """The config keys agent `name` can vary within one program (its module's `POPULATION_KEYS`; none if it
+    lists none): rl/learning/population.py."""
+    return tuple(getattr(importlib.import_module(f"agents.{name}"), "POPULATION_KEYS", ()))
 
 
 def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):

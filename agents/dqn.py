@@ -6,6 +6,10 @@ runner calls `train_step`, which makes `updates_per_train` gradient steps on bat
 Epsilon decays linearly over `epsilon_decay_steps` env steps counted from the first update; the env-step
 count is the learner's update count times the env steps per update, so it is exact in Anakin and follows
 the learner in Sebulba.
+
+`POPULATION_KEYS` may vary within one program (`population.agent.<key>=[...]`, rl/learning/population.py):
+`act`, `epsilon` and `train_step` take a member's traced values as `hparams` (key -> scalar) in place of the
+config's. Other keys change shapes or control flow: sweep them with hydra's `-m`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,15 @@ from rl.infra import sharding
 from rl.learning.agent import StepFormat, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.population import config_value
 from rl.learning.schedules import linear
 from rl.learning.target_update import TargetNetState, update_target
 from rl.learning.targets import LOSSES, q_target, td_loss
 from rl.nets.networks import NetworkConfig, make_q_network
+
+POPULATION_KEYS = ("optim.lr", "discount", "tau", "huber_delta", "epsilon_start", "epsilon_end",
+                   "epsilon_decay_steps", "importance_exponent")
+EPSILON_KEYS = ("epsilon_start", "epsilon_end", "epsilon_decay_steps")
 
 
 @dataclasses.dataclass
@@ -101,9 +110,13 @@ class DQN(StepFormat):
         self.train_interval = cfg.train_interval
         self.learning_starts = max(cfg.learning_starts, cfg.batch_size)
         self.batch_size = cfg.batch_size
-        env_steps_per_update = num_envs * cfg.train_interval / cfg.updates_per_train
+        self.env_steps_per_update = num_envs * cfg.train_interval / cfg.updates_per_train
         self._epsilon = linear(cfg.epsilon_start, cfg.epsilon_end,
-                               round(cfg.epsilon_decay_steps / env_steps_per_update))
+                               round(cfg.epsilon_decay_steps / self.env_steps_per_update))
+
+    def hyperparams(self, hparams: dict | None = None) -> dict:
+        """`POPULATION_KEYS` -> value: a member's traced `hparams` where given, else the config's."""
+        return {**{k: config_value(self.cfg, k) for k in POPULATION_KEYS}, **(hparams or {})}
 
     # --- acting -------------------------------------------------------------------------------------
     def init(self, key: jax.Array, obs_example: jax.Array) -> TargetNetState:
@@ -112,18 +125,22 @@ class DQN(StepFormat):
         return TargetNetState(params=params, target_params=target, opt_state=self.optimizer.init(params),
                         updates=jnp.zeros((), jnp.int32))
 
-    def epsilon(self, state: TargetNetState) -> jax.Array:
+    def epsilon(self, state: TargetNetState, hparams: dict | None = None) -> jax.Array:
         """The exploration epsilon after `state.updates` gradient steps."""
-        return self._epsilon(state.updates)
+        if not set(EPSILON_KEYS) & set(hparams or {}):
+            return self._epsilon(state.updates)
+        hp = self.hyperparams(hparams)
+        steps = jnp.round(jnp.asarray(hp["epsilon_decay_steps"], jnp.float32) / self.env_steps_per_update)
+        return linear(hp["epsilon_start"], hp["epsilon_end"], steps.astype(jnp.int32))(state.updates)
 
     def act(self, state: TargetNetState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
-            explore: bool = True):
-        eps = self.epsilon(state) if explore else self.cfg.eval_epsilon
+            explore: bool = True, hparams: dict | None = None):
+        eps = self.epsilon(state, hparams) if explore else self.cfg.eval_epsilon
         return epsilon_greedy(key, self.network.apply(state.params, obs), eps), carry, {}
 
     # --- learning -----------------------------------------------------------------------------------
-    def _loss(self, params, target_params, batch):
-        cfg = self.cfg
+    def _loss(self, params, target_params, batch, hp: dict | None = None):
+        cfg, hp = self.cfg, hp or self.hyperparams()
         q = self.network.apply(params, batch.obs)
         q_taken = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
         q_next_target = self.network.apply(target_params, batch.next_obs)
@@ -133,32 +150,34 @@ class DQN(StepFormat):
         if cfg.priority_exponent is None:
             weights = jnp.ones_like(td)
         else:
-            weights = importance_weights(batch.probabilities, 1, cfg.importance_exponent)
-        loss = jnp.mean(weights * td_loss(td, cfg.loss, cfg.huber_delta))
+            weights = importance_weights(batch.probabilities, 1, hp["importance_exponent"])
+        loss = jnp.mean(weights * td_loss(td, cfg.loss, hp["huber_delta"]))
         return loss, (td, q_taken)
 
-    def _update(self, carry, key):
+    def _update(self, carry, key, hparams: dict | None = None):
         state, buffer_state = carry
-        cfg = self.cfg
-        batch = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size))  # data-parallel
-        grads, (td, q_taken) = jax.grad(self._loss, has_aux=True)(state.params, state.target_params, batch)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        cfg, hp = self.cfg, self.hyperparams(hparams)
+        batch = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size, hp["discount"]))
+        grads, (td, q_taken) = jax.grad(self._loss, has_aux=True)(state.params, state.target_params, batch, hp)
+        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(cfg.optim, hp["optim.lr"])
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         if cfg.priority_exponent is not None:
             buffer_state = self.buffer.set_priorities(buffer_state, batch.slots,
                                                       jnp.abs(td) + cfg.priority_epsilon)
         count = state.updates + 1
-        target_params = update_target(state.target_params, params, count, cfg.target_update_period, cfg.tau)
-        metrics = {"loss": jnp.mean(td_loss(td, cfg.loss, cfg.huber_delta)), "q": jnp.mean(q_taken),
+        target_params = update_target(state.target_params, params, count, cfg.target_update_period, hp["tau"])
+        metrics = {"loss": jnp.mean(td_loss(td, cfg.loss, hp["huber_delta"])), "q": jnp.mean(q_taken),
                    "abs_td": jnp.mean(jnp.abs(td))}
         state = TargetNetState(params=params, target_params=target_params, opt_state=opt_state, updates=count)
         return (state, buffer_state), metrics
 
-    def train_step(self, state: TargetNetState, buffer_state, key: jax.Array):
+    def train_step(self, state: TargetNetState, buffer_state, key: jax.Array, hparams: dict | None = None):
         keys = jax.random.split(key, self.cfg.updates_per_train)
-        (state, buffer_state), metrics = jax.lax.scan(self._update, (state, buffer_state), keys)
+        (state, buffer_state), metrics = jax.lax.scan(lambda c, k: self._update(c, k, hparams), (state, buffer_state),
+                                                      keys)
         metrics = {k: v.mean() for k, v in metrics.items()}
-        metrics["epsilon"] = self.epsilon(state)
+        metrics["epsilon"] = self.epsilon(state, hparams)
         return state, buffer_state, metrics
 
 

@@ -82,8 +82,10 @@ class NStepBuffer:
     def size(self, state: SequenceState) -> jax.Array:
         return self.sequences.size(state)
 
-    def sample(self, state: SequenceState, key, batch_size: int) -> NStepSample:
-        """`batch_size` n-step transitions (uniform over stored steps, or by priority)."""
+    def sample(self, state: SequenceState, key, batch_size: int, gamma=None) -> NStepSample:
+        """`batch_size` n-step transitions (uniform over stored steps, or by priority); `gamma`: the discount
+        in place of the buffer's, possibly traced (a population member's)."""
+        gamma = self.gamma if gamma is None else gamma
         st = self.sequences.sample_starts(state, key, batch_size)
         T, n = self.sequences.capacity_per_env, self.n
         k = st.remaining
@@ -91,10 +93,10 @@ class NStepBuffer:
         window = (st.positions[:, None] + jnp.arange(n)[None, :]) % T
         valid = jnp.arange(n)[None, :] < k[:, None]
         rewards = self._pick(state, "reward", st.env_ids, window)
-        g = jnp.float32(self.gamma) ** jnp.arange(n, dtype=jnp.float32)
+        g = jnp.asarray(gamma, jnp.float32) ** jnp.arange(n, dtype=jnp.float32)
         reward = jnp.sum(jnp.where(valid, rewards.astype(jnp.float32) * g, 0.0), axis=1)
         term = self._pick(state, "terminated", st.env_ids, last).astype(jnp.float32)
-        discount = jnp.where(k > 0, jnp.float32(self.gamma) ** k.astype(jnp.float32) * (1.0 - term), 0.0)
+        discount = jnp.where(k > 0, jnp.asarray(gamma, jnp.float32) ** k.astype(jnp.float32) * (1.0 - term), 0.0)
         pick = functools.partial(self._pick, state)
         return NStepSample(obs=pick("obs", st.env_ids, st.positions), action=pick("action", st.env_ids, st.positions),
                            reward=reward, discount=discount, next_obs=pick("next_obs", st.env_ids, last),

@@ -74,9 +74,18 @@ class TrainConfig:
     eval_interval: int | None = None
     resume: str | None = None  # a run dir to resume from (its saved config is used; see rl/experiment.py)
     on_nonfinite: str = "stop"  # NaN/Inf in a train metric or the params: stop (error) | skip the update
+    # population.agent.<key>=[v1, v2, ...]: a hyperparameter population in one program (rl/experiment.py)
+    population: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-ConfigStore.instance().store(name="base_config", node=TrainConfig)
+def _schema():
+    """`TrainConfig` for hydra, with `population` open: `population.agent.optim.lr=[...]` needs no `+`."""
+    node = OmegaConf.structured(TrainConfig)
+    OmegaConf.set_struct(node.population, False)
+    return node
+
+
+ConfigStore.instance().store(name="base_config", node=_schema())
 
 
 def to_dataclass(cls: type, section: Any, where: str):

@@ -13,6 +13,12 @@ Python entry points call it:
 * `build(cfg) -> runner`: the runner (`rl.runners.anakin.Anakin` for gymnax, `rl.runners.sebulba.Sebulba` for envpool)
   with its source and agent.
 
+A population (`population.agent.<key>=[v1,v2,...]`, rl/learning/population.py: `members`) trains every
+combination of the values x `seeds` in one Anakin program; keys outside the agent's `POPULATION_KEYS`, other
+population sections and the envpool runner are refused with one line. Its metrics.csv rows carry each
+member's overrides, `summary.csv` in the run dir has one row per member, and `run` returns them as
+`result["members"]`.
+
 Resuming (`resume=<run dir>`): the saved run's config is used; `overrides` (the command line) may change
 only `rl.config.RESUME_FREE_KEYS` (total_steps, logging, checkpoint cadence, eval episodes, ...), anything
 else that differs is refused naming the keys. Both configs are compared with every agent and env field
@@ -33,10 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from agents import agent_config, make_agent
+from agents import agent_config, make_agent, population_keys
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory
+from rl.learning.population import Population
+from rl.learning.population import members as population_members
 from rl.runners import loop
 from rl.runners.replay_ratio import ReplayRatio
 
@@ -64,9 +72,32 @@ def _make_agent(agent_cfg, source, total_steps: int, num_envs: int):
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 
+def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
+    """`cfg.population`'s members (`rl.learning.population.members`: values by population key, overrides),
+    each member's agent config typed and checked as its separate run's; `([], [])` without a population.
+    Anything that cannot form a population is refused with one line (`ConfigError`)."""
+    spec = OmegaConf.to_container(cfg.population, resolve=True) if cfg.get("population") else {}
+    if spec and runner_of(env_cfg) == "sebulba":
+        raise ConfigError(f"population: the envpool (Sebulba) runner trains one setting per run (env "
+                          f"{env_cfg.id}); sweep the hyperparameters with hydra -m instead")
+
+    def typed(member: dict):  # the member's agent config; interpolations still live: agent.lr feeds optim.lr
+        run_cfg = cfg.copy()
+        for key, value in member.items():
+            OmegaConf.update(run_cfg, f"agent.{key}", value, merge=False, force_add=True)
+        return agent_config(run_cfg.agent)
+
+    try:
+        return population_members(spec, agent_cfg, population_keys(agent_cfg.name), typed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def build(cfg: DictConfig):
-    """The runner for `cfg` (validated first): its env source, the agent built for its spaces."""
+    """The runner for `cfg` (validated first): its env source, the agent built for its spaces (a `Population`
+    of it where `cfg.population` names one)."""
     agent_cfg, env_cfg = validate(cfg)
+    member_values, member_overrides = _members(cfg, agent_cfg, env_cfg)
     # Sebulba with several processes: `num_envs` envs per process, seeded apart, each with its buffer rows.
     processes = jax.process_count() if runner_of(env_cfg) == "sebulba" else 1
     seed = int(cfg.seed) + jax.process_index() * int(cfg.num_envs) * (processes > 1)
@@ -77,6 +108,8 @@ def build(cfg: DictConfig):
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
                           f"{source.num_actions} actions)") from None
+    if member_values:
+        agent = Population(agent, member_values, int(cfg.seeds), member_overrides)
     if runner_of(env_cfg) == "sebulba":
         from rl.runners.sebulba import Sebulba
 
@@ -138,14 +171,32 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
     runner = build(cfg)
     need = memory.check(runner, cfg)  # before anything is allocated or written
-    logger = RunLogger(cfg, run_dir, primary=distributed.is_main_process())
+    population = runner.agent if isinstance(runner.agent, Population) else None
+    logger = RunLogger(cfg, run_dir, rows=population.row_labels() if population else None,
+                       primary=distributed.is_main_process())
     try:
         if need.total > memory.GB:
             logger.note(f"memory: this run holds about {need.describe()}")
         _warn_idle(cfg, runner, logger.note)
-        return loop.run(cfg, runner, logger, resume_from)
+        result = loop.run(cfg, runner, logger, resume_from)
+        if population is not None:
+            result["members"] = _member_results(result, population, logger)
+        return result
     finally:
         logger.close()
+
+
+def _member_results(result: dict, population: Population, logger) -> list[dict]:
+    """Per member: its row of `summary.csv` (written here, rl/infra/sweep.py) and its seeds' `eval_returns`
+    `[seeds, K]` and `episode_return` `[seeds]`."""
+    from rl.infra.sweep import summarize_members
+
+    rows = summarize_members(logger.run_dir, population.overrides)
+    logger.paths["population_summary"] = logger.run_dir / "summary.csv"
+    seeds = population.seeds
+    return [{**row, "overrides": population.overrides[m],
+             "eval_returns": result["eval_returns"][m * seeds:(m + 1) * seeds],
+             "episode_return": result["episode_return"][m * seeds:(m + 1) * seeds]} for m, row in enumerate(rows)]
 
 
 def train(*overrides: str, run_dir: str | Path | None = None) -> dict:
@@ -208,9 +259,9 @@ class Policy:
 
 def load_policy(run_dir: str | Path, seed: int = 0) -> Policy:
     """The evaluation policy of seed index `seed` (of the run's vmapped seeds) from the run's newest checkpoint."""
-    cfg, runner, state = _restored(run_dir)
+    _, runner, state = _restored(run_dir)
     sebulba = isinstance(state, dict)  # Sebulba: one seed; Anakin: (runner state, iteration), leaves [S, ...]
-    seeds = 1 if sebulba else int(cfg.seeds)
+    seeds = 1 if sebulba else runner.num_seeds  # a population's rows: member m seed j is m * seeds + j
     if not 0 <= seed < seeds:
         raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{seeds - 1}")
     agent_state = state["agent"] if sebulba else jax.tree_util.tree_map(lambda x: x[seed], state[0].agent)

@@ -86,6 +86,7 @@ BUF_SEQUENCES = ("tests/buffers/test_sequences.py", "-k", "priorit")
 CATEGORICAL = ("tests/rl/learning/test_categorical.py",)
 ANAKIN = ("tests/rl/runners/test_anakin.py", "tests/rl/runners/test_runner_steps.py")
 ENVPOOL = ("tests/rl/envs/test_envpool_source.py", "tests/rl/runners/test_runner_steps.py")
+POPULATION = ("tests/rl/learning/test_population.py", "-k", "member_equals")
 
 
 MUESLI_FILES = "agents/muesli/agent.py|agents/muesli/targets.py|agents/muesli.py"  # package, or the old module
@@ -102,11 +103,11 @@ MUTANTS: list[Mutant] = [
       "q_next_online = self.network.apply(target_params, batch.next_obs)", DQN_LOSS,
       why="double Q picks a* with the target net"),
     M("dqn_weights_dropped", "agents/dqn.py",
-      "loss = jnp.mean(weights * td_loss(td, cfg.loss, cfg.huber_delta))",
-      "loss = jnp.mean(td_loss(td, cfg.loss, cfg.huber_delta))", DQN_LOSS,
+      "loss = jnp.mean(weights * td_loss(td, cfg.loss, hp[\"huber_delta\"]))",
+      "loss = jnp.mean(td_loss(td, cfg.loss, hp[\"huber_delta\"]))", DQN_LOSS,
       why="importance weights missing from the differentiated loss"),
     M("dqn_beta_is_alpha", "agents/dqn.py",
-      "importance_weights(batch.probabilities, 1, cfg.importance_exponent)",
+      "importance_weights(batch.probabilities, 1, hp[\"importance_exponent\"])",
       "importance_weights(batch.probabilities, 1, cfg.priority_exponent)", DQN_LOSS),
     M("dqn_priority_signed_td", "agents/dqn.py",
       "jnp.abs(td) + cfg.priority_epsilon", "td + cfg.priority_epsilon", DQN_LOSS),
@@ -116,8 +117,8 @@ MUTANTS: list[Mutant] = [
       "optax.incremental_update(online, target, rate)", "optax.incremental_update(target, online, rate)",
       DQN_ALL, MUESLI),
     M("dqn_target_period_ignored", "agents/dqn.py",
-      "update_target(state.target_params, params, count, cfg.target_update_period, cfg.tau)",
-      "update_target(state.target_params, params, count, 1, cfg.tau)", DQN_ALL),
+      "update_target(state.target_params, params, count, cfg.target_update_period, hp[\"tau\"])",
+      "update_target(state.target_params, params, count, 1, hp[\"tau\"])", DQN_ALL),
     # ---- rl/learning/targets.py
     M("q_target_not_stopped", "rl/learning/targets.py",
       "return jax.lax.stop_gradient(reward + discount * value)", "return reward + discount * value",
@@ -217,12 +218,13 @@ MUTANTS: list[Mutant] = [
     M("sequence_priority_eta_swapped", "buffers/priorities.py",
       "eta * mx + (1.0 - eta) * mean", "(1.0 - eta) * mx + eta * mean", BUF_PRIORITISED, R2D2_TRAIN),
     M("nstep_discount_ignores_termination", "buffers/nstep.py",
-      "jnp.float32(self.gamma) ** k.astype(jnp.float32) * (1.0 - term)",
-      "jnp.float32(self.gamma) ** k.astype(jnp.float32)", BUF_NSTEP),
+      "jnp.asarray(gamma, jnp.float32) ** k.astype(jnp.float32) * (1.0 - term)",
+      "jnp.asarray(gamma, jnp.float32) ** k.astype(jnp.float32)", BUF_NSTEP),
     M("nstep_next_obs_of_first_step", "buffers/nstep.py",
       'next_obs=pick("next_obs", st.env_ids, last)', 'next_obs=pick("next_obs", st.env_ids, st.positions)', BUF_NSTEP),
     M("nstep_rewards_undiscounted", "buffers/nstep.py",
-      "g = jnp.float32(self.gamma) ** jnp.arange(n, dtype=jnp.float32)", "g = jnp.ones((n,), jnp.float32)", BUF_NSTEP),
+      "g = jnp.asarray(gamma, jnp.float32) ** jnp.arange(n, dtype=jnp.float32)", "g = jnp.ones((n,), jnp.float32)",
+      BUF_NSTEP),
     M("prioritised_set_without_exponent", "buffers/prioritised.py",
       "tree=sumtree.set(state.tree, slots, p**self.priority_exponent)", "tree=sumtree.set(state.tree, slots, p)",
       BUF_PRIORITISED),
@@ -243,6 +245,13 @@ MUTANTS: list[Mutant] = [
     M("anakin_carry_reset_on_termination_only", "rl/runners/anakin.py",
       "carry = reset_carry(carry, agent.initial_carry(self.num_envs), done)",
       "carry = reset_carry(carry, agent.initial_carry(self.num_envs), ts.terminated)", ANAKIN),
+    # ---- rl/learning/population.py and its rows on the seed axis
+    M("population_rows_seed_major", "rl/learning/population.py", "jnp.repeat(v, self.seeds)", "jnp.tile(v, self.seeds)",
+      POPULATION, why="a row gets another member's hyperparameters"),
+    M("population_eval_keys_per_row", "rl/runners/evaluate.py",
+      "keys = jnp.concatenate([jax.random.split(key, num_seeds)] * members)",
+      "keys = jax.random.split(key, num_seeds * members)", POPULATION,
+      why="a member's greedy episodes differ from its separate run's"),
     M("envpool_carry_stored_one_step_late", "rl/envs/envpool_tracking.py",
       "carry=jax.tree_util.tree_map(take, tracker.carry_before)",
       "carry=jax.tree_util.tree_map(take, tracker.carry)", ENVPOOL,

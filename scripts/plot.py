@@ -1,7 +1,8 @@
 """Learning curves from local logs (no wandb): `python -m scripts.plot <run or sweep dir> [options]`.
 
 Every run dir (a dir with `metrics.csv`, rl/infra/logging.py) at or below the given dir is read. Runs are
-grouped by the hydra overrides that differ between them, `seed` excepted (so `seed=0,1,2` of one config
+grouped by the hydra overrides that differ between them (a population run's members, by their own overrides),
+`seed` excepted (so `seed=0,1,2` of one config
 form one group; `--group-by` picks the keys instead); every
 seed of every run in a group is one curve (vmapped seeds included). Each group is drawn as the mean over
 its curves with a band for the spread (std, min-max or none), on the env steps all its curves share.
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rl.infra.logging import no_values
-from rl.infra.sweep import find_runs, read_metrics, run_overrides
+from rl.infra.sweep import find_runs, member_overrides, read_metrics, run_overrides
 
 IGNORED_KEYS = ("seed",)
 
@@ -33,22 +34,25 @@ def collect_curves(root: str | Path, metric: str, group_by: list[str] | None = N
     runs = find_runs(root)
     if not runs:
         raise FileNotFoundError(f"no run under {root}: expected metrics.csv files written by scripts.train")
-    overrides = {run: run_overrides(run) for run in runs}
-    if group_by is None:  # the keys whose values differ between runs, seed excepted
-        keys = list(dict.fromkeys(k for o in overrides.values() for k in o if k not in IGNORED_KEYS))
-        group_by = [k for k in keys if len({o.get(k) for o in overrides.values()}) > 1]
+    curves = []  # (overrides, metric columns) per (run, seed): a population member's overrides added
+    for run in runs:
+        members = member_overrides(run)
+        for key, cols in read_metrics(run).items():
+            curves.append(({**run_overrides(run), **(members[key[0]] if members else {})}, cols))
+    if group_by is None:  # the keys whose values differ between curves, seed excepted
+        keys = list(dict.fromkeys(k for o, _ in curves for k in o if k not in IGNORED_KEYS))
+        group_by = [k for k in keys if len({o.get(k) for o, _ in curves}) > 1]
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     seen = False
-    for run in runs:
-        label = " ".join(f"{k}={overrides[run].get(k, '-')}" for k in group_by) or "all runs"
-        for cols in read_metrics(run).values():
-            if metric not in cols:
-                continue
-            seen = True
-            x, y = cols["env_steps"], cols[metric]
-            keep = ~np.isnan(y)
-            if keep.any():
-                groups.setdefault(label, []).append((x[keep], y[keep]))
+    for overrides, cols in curves:
+        if metric not in cols:
+            continue
+        seen = True
+        label = " ".join(f"{k}={overrides.get(k, '-')}" for k in group_by) or "all runs"
+        x, y = cols["env_steps"], cols[metric]
+        keep = ~np.isnan(y)
+        if keep.any():
+            groups.setdefault(label, []).append((x[keep], y[keep]))
     if not seen:
         raise ValueError(f"metric {metric!r} has no values in the runs under {root}: no column of their metrics.csv")
     if not groups and not allow_empty:

@@ -67,10 +67,11 @@ def _float(x) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _columns(rows: list[dict]) -> list[str]:
-    """CSV columns: env_steps, seed, then the metric names in sorted order."""
-    names = set().union(*rows) - {"env_steps", "seed"}
-    return ["env_steps", "seed", *sorted(names)]
+def _columns(rows: list[dict], labels: list[str]) -> list[str]:
+    """CSV columns: env_steps, the row labels (seed; a population's member, its overrides, seed), then the
+    metric names in sorted order."""
+    first = ["env_steps", *labels]
+    return [*first, *sorted(set().union(*rows) - set(first))]
 
 
 class RunLogger:
@@ -80,11 +81,15 @@ class RunLogger:
     console lines only, appended to `train.<process index>.log`; no metrics.csv, summary.json, wandb,
     figure or progress bar."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path, primary: bool = True):
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, rows: list[dict] | None = None,
+                 primary: bool = True):
+        """`rows`: a label per row of the seed axis, the first columns of its metrics.csv rows (a population's
+        member, its overrides and seed: rl/learning/population.py); default `{"seed": s}`."""
         self.cfg, self.primary = cfg, primary
+        self.rows = rows
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.history: list[dict] = []  # rows {"env_steps", "seed", metric: value}
+        self.history: list[dict] = []  # rows {"env_steps", row labels ("seed", ...), metric: value}
         self.wandb_id: str | None = None
         self.paths: dict[str, Path] = {}
         self._wandb = None
@@ -111,6 +116,8 @@ class RunLogger:
         to whole iterations/chunks by the runner; default `cfg.total_steps`. The bar's total is this number,
         and grows to the logged step if a run goes past it, so the bar never overshoots 100%."""
         self.num_seeds = num_seeds
+        self.rows = self.rows or [{"seed": s} for s in range(num_seeds)]
+        assert len(self.rows) == num_seeds, f"{len(self.rows)} row labels for {num_seeds} rows"
         self.total_steps = int(self.cfg.total_steps if total_steps is None else total_steps)
         self.history = list(history or [])
         self._last = (time.perf_counter(), start_step)
@@ -159,7 +166,7 @@ class RunLogger:
     def log(self, env_steps: int, metrics: dict[str, Any]) -> None:
         """Record `metrics` (name -> `[S]` array or scalar) at `env_steps`."""
         per_seed = {k: np.broadcast_to(np.asarray(v, np.float64), (self.num_seeds,)) for k, v in metrics.items()}
-        rows = [{"env_steps": int(env_steps), "seed": s, **{k: _float(v[s]) for k, v in per_seed.items()}}
+        rows = [{"env_steps": int(env_steps), **self.rows[s], **{k: _float(v[s]) for k, v in per_seed.items()}}
                 for s in range(self.num_seeds)]
         self.history.extend(rows)
         if self.primary:
@@ -193,7 +200,7 @@ class RunLogger:
 
     def _append_csv(self, rows: list[dict]) -> None:
         path = self.run_dir / "metrics.csv"
-        fields = _columns(rows)
+        fields = _columns(rows, list(self.rows[0]))
         if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):
             self._rewrite_csv()  # new metric names: rewrite with the union of the columns
             return
@@ -208,7 +215,7 @@ class RunLogger:
 
     def _rewrite_csv(self) -> None:
         path = self.run_dir / "metrics.csv"
-        fields = _columns(self.history)
+        fields = _columns(self.history, list(self.rows[0]))
         with path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, restval="")
             writer.writeheader()
@@ -267,14 +274,16 @@ def plot_learning_curve(history: list[dict], path: str | Path, key: str = RETURN
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    seeds = sorted({row["seed"] for row in history})
+    seeds = sorted({(row.get("member", -1), row["seed"]) for row in history})  # a population: (member, seed)
     fig, ax = plt.subplots(figsize=(7, 4))
     curves = []
-    for s in seeds:
-        pts = [(row["env_steps"], row.get(key)) for row in history if row["seed"] == s and row.get(key) is not None]
+    for m, s in seeds:
+        pts = [(row["env_steps"], row.get(key)) for row in history
+               if (row.get("member", -1), row["seed"]) == (m, s) and row.get(key) is not None]
         if pts:
             x, y = map(np.asarray, zip(*pts))
-            ax.plot(x, y, lw=1, alpha=0.5 if len(seeds) > 1 else 1.0, label=f"seed {s}")
+            label = f"seed {s}" if m < 0 else f"member {m} seed {s}"
+            ax.plot(x, y, lw=1, alpha=0.5 if len(seeds) > 1 else 1.0, label=label)
             curves.append((x, y))
     if len(curves) > 1:
         steps = sorted({int(x) for c in curves for x in c[0]})

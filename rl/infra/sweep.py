@@ -11,7 +11,8 @@
 * after the sweep: writes `<sweep dir>/summary.csv`, one row per job (see `summarize`);
   `python -m rl.infra.sweep <sweep dir>` rewrites it (e.g. after a SLURM sweep whose launcher was stopped).
 
-Single runs are untouched. The readers below (`find_runs`, `read_metrics`, `run_overrides`) are shared
+A population run (`population.agent.<key>=[...]`, one program) gets the same table per member in its own
+run dir (`summarize_members`). Single runs are otherwise untouched. The readers below (`find_runs`, `read_metrics`, `run_overrides`) are shared
 with scripts/plot.py. Everything is read from the local files the runs write (rl/infra/logging.py:
 `metrics.csv`, `summary.json`; hydra: `.hydra/overrides.yaml`), never from wandb.
 """
@@ -67,16 +68,55 @@ def run_overrides(run_dir: str | Path) -> dict[str, str]:
     return out
 
 
-def read_metrics(run_dir: str | Path) -> dict[int, dict[str, np.ndarray]]:
-    """`metrics.csv` of a run as `{seed: {column: float array over log rows}}` (empty cells are NaN)."""
-    by_seed: dict[int, dict[str, list[float]]] = {}
+def read_metrics(run_dir: str | Path) -> dict[Any, dict[str, np.ndarray]]:
+    """`metrics.csv` of a run as `{seed: {column: float array over log rows}}` (empty cells are NaN); a
+    population run's (a `member` column) as `{(member, seed): ...}`, its other columns the member's overrides."""
+    by_seed: dict[Any, dict[str, list[float]]] = {}
     with (Path(run_dir) / "metrics.csv").open(newline="") as f:
         for row in csv.DictReader(f):
-            cols = by_seed.setdefault(int(float(row["seed"])), {})
+            seed = int(float(row["seed"]))
+            cols = by_seed.setdefault(seed if "member" not in row else (int(float(row["member"])), seed), {})
             for k, v in row.items():
-                if k != "seed" and k is not None:
+                if k not in ("seed", "member") and k is not None:
                     cols.setdefault(k, []).append(float(v) if v not in ("", None) else math.nan)
     return {s: {k: np.asarray(v, np.float64) for k, v in cols.items()} for s, cols in sorted(by_seed.items())}
+
+
+def member_overrides(run_dir: str | Path) -> dict[int, dict[str, str]]:
+    """A population run's `{member: {override: value}}` (the metrics.csv columns between `member` and `seed`,
+    rl/infra/logging.py); `{}` for other runs."""
+    with (Path(run_dir) / "metrics.csv").open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        if "member" not in header:
+            return {}
+        first, last = header.index("member"), header.index("seed")
+        return {int(float(row[first])): dict(zip(header[first + 1:last], row[first + 1:last])) for row in reader}
+
+
+def _finals(curves: list[dict[str, np.ndarray]], evals: list[np.ndarray]) -> dict[str, Any]:
+    """Final results of some seeds: their last logged `episode_return` (`curves`: each seed's metrics columns)
+    and greedy evaluation returns (`evals`: each seed's `[episodes]`), mean and std over seeds."""
+    out: dict[str, Any] = {"env_steps": None, "seeds": len(curves), "final_return": math.nan,
+                           "final_return_std": math.nan, "eval_return": math.nan, "eval_return_std": math.nan}
+    last = []
+    for cols in curves:
+        r = cols.get(RETURN_KEY, np.array([]))
+        r = r[~np.isnan(r)]
+        last.append(r[-1] if r.size else math.nan)
+    if curves:
+        out["env_steps"] = int(max(c["env_steps"].max() for c in curves))
+    if last and not np.all(np.isnan(last)):
+        out["final_return"], out["final_return_std"] = float(np.nanmean(last)), float(np.nanstd(last))
+    per_seed = [r.mean() for r in evals if r.size]
+    if per_seed:
+        out["eval_return"], out["eval_return_std"] = float(np.mean(per_seed)), float(np.std(per_seed))
+    return out
+
+
+def _summary(run_dir: Path) -> dict:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def final_returns(run_dir: str | Path) -> dict[str, Any]:
@@ -84,29 +124,36 @@ def final_returns(run_dir: str | Path) -> dict[str, Any]:
     and, from `summary.json`, the greedy evaluation returns (mean over seeds and episodes, std over the
     per-seed means) and env steps. NaN where a run logged nothing."""
     run_dir = Path(run_dir)
-    out: dict[str, Any] = {"env_steps": None, "seeds": 0, "final_return": math.nan, "final_return_std": math.nan,
-                           "eval_return": math.nan, "eval_return_std": math.nan}
-    if (run_dir / "metrics.csv").exists():
-        metrics = read_metrics(run_dir)
-        last = []
-        for cols in metrics.values():
-            r = cols.get(RETURN_KEY, np.array([]))
-            r = r[~np.isnan(r)]
-            last.append(r[-1] if r.size else math.nan)
-        out["seeds"] = len(metrics)
-        if metrics:
-            out["env_steps"] = int(max(c["env_steps"].max() for c in metrics.values()))
-        if last and not np.all(np.isnan(last)):
-            out["final_return"], out["final_return_std"] = float(np.nanmean(last)), float(np.nanstd(last))
-    if (run_dir / "summary.json").exists():
-        summary = json.loads((run_dir / "summary.json").read_text())
-        evals = [np.asarray(r, np.float64) for r in summary.get("eval_returns") or []]
-        per_seed = [r.mean() for r in evals if r.size]
-        if per_seed:
-            out["eval_return"], out["eval_return_std"] = float(np.mean(per_seed)), float(np.std(per_seed))
-        if summary.get("env_steps") is not None:
-            out["env_steps"] = int(summary["env_steps"])
+    metrics = read_metrics(run_dir) if (run_dir / "metrics.csv").exists() else {}
+    summary = _summary(run_dir)
+    out = _finals(list(metrics.values()), [np.asarray(r, np.float64) for r in summary.get("eval_returns") or []])
+    if summary.get("env_steps") is not None:
+        out["env_steps"] = int(summary["env_steps"])
     return out
+
+
+def summarize_members(run_dir: str | Path, overrides: list[dict[str, Any]], filename: str = "summary.csv"
+                      ) -> list[dict[str, Any]]:
+    """Write `<run_dir>/<filename>` for a population run: one row per member (`overrides[m]`: what a separate
+    run would set), with `summarize`'s columns (final return and greedy eval return, mean/std over the
+    member's seeds) from the run's `metrics.csv` and `summary.json` (rows member-major); returns the rows."""
+    run_dir = Path(run_dir)
+    metrics, summary = read_metrics(run_dir), _summary(run_dir)
+    evals = [np.asarray(r, np.float64) for r in summary.get("eval_returns") or []]
+    seeds = len(evals) // len(overrides) if evals else 0
+    rows = []
+    for m, member in enumerate(overrides):
+        curves = [cols for (mm, _), cols in metrics.items() if mm == m]
+        finals = _finals(curves, evals[m * seeds:(m + 1) * seeds])
+        rows.append({"member": m, **member, **finals, "env_steps": summary.get("env_steps", finals["env_steps"])})
+    keys = list(dict.fromkeys(k for o in overrides for k in o))
+    columns = ["member", *keys, *[c for c in SUMMARY_COLUMNS if c not in ("job", "status", "objective")]]
+    with (run_dir / filename).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(row.get(k)) for k in columns})
+    return rows
 
 
 def summarize(sweep_dir: str | Path, filename: str = "summary.csv") -> Path:

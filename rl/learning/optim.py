@@ -37,15 +37,16 @@ class OptimConfig:
             raise ValueError("optim.max_grad_norm, optim.eps and optim.weight_decay must be >= 0")
 
 
-def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """The optax transformation for `cfg` (the lr schedule counts gradient steps)."""
-    lr: float | optax.Schedule = cfg.lr
+def make_optimizer(cfg: OptimConfig, lr=None) -> optax.GradientTransformation:
+    """The optax transformation for `cfg` (the lr schedule counts gradient steps). `lr`: the learning rate in
+    place of `cfg.lr`, possibly traced (a population member's); the optimiser state is the same either way."""
+    lr = cfg.lr if lr is None else lr
     if cfg.lr_schedule == "linear":
         if cfg.lr_decay_updates <= 0:
             raise ValueError("optim.lr_schedule=linear with optim.lr_decay_updates=0 decays over the whole run, "
                              "which only a run knows: build the agent through rl.experiment.build (or set "
                              "optim.lr_decay_updates > 0)")
-        lr = optax.linear_schedule(cfg.lr, cfg.lr * cfg.lr_end_fraction, cfg.lr_decay_updates)
+        lr = optax.linear_schedule(lr, lr * cfg.lr_end_fraction, cfg.lr_decay_updates)
     if cfg.name == "adam":
         opt = optax.adam(lr, eps=cfg.eps)
     elif cfg.name == "adamw":

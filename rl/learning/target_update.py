@@ -25,7 +25,9 @@ def update_target(target, online, updates: jax.Array, period: int = 1, rate: flo
 
     Every `period` updates the target moves `rate` of the way to the `online` params: `rate=1` copies them
     (DQN's and R2D2's periodic copy), `rate < 1` averages, `rate * online + (1 - rate) * target` (Polyak
-    averaging with DQN's `tau`; with `period=1` an EMA, Muesli's prior network).
+    averaging with DQN's `tau`; with `period=1` an EMA, Muesli's prior network). A traced `rate` (a population
+    member's) always averages; at 1 that gives the online params.
     """
-    moved = online if rate == 1.0 else optax.incremental_update(online, target, rate)
+    copy = not isinstance(rate, jax.Array) and rate == 1.0
+    moved = online if copy else optax.incremental_update(online, target, rate)
     return moved if period == 1 else optax.periodic_update(moved, target, updates, period)

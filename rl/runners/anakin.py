@@ -14,8 +14,9 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
   host loop calls it for sub-chunks of a few seconds, so a signal is answered quickly. No `lax.cond` and, on
   accelerators, blocks of known trip count (`_repeat`): a GPU waits on the host for every conditional's
   predicate and every step of a loop of unknown length (28-47 us per iteration on an H200).
-* Seeds are vmapped (seed i uses PRNGKey(cfg.seed + i)), except initialisation, which maps over seeds one
-  at a time: a vmapped init batches the orthogonal initialisers' QR factorisations, and on XLA:CPU
+* Seeds are vmapped (seed i uses PRNGKey(cfg.seed + i)); a population (rl/learning/population.py) makes
+  the axis members x seeds rows, row `m * seeds + j` being member m with seed j. Except initialisation,
+  which maps over seeds one at a time: a vmapped init batches the orthogonal initialisers' QR factorisations, and on XLA:CPU
   several batched LAPACK calls in flight at once can occupy every intra-op thread while each waits for
   its own sub-tasks on that pool (a deadlock seen with R2D2's LSTM and 2 seeds on 2 cores).
 * Resuming from a chunk boundary is bit-exact on CPU.
@@ -38,6 +39,7 @@ from rl.envs import make_source
 from rl.envs.episodes import EpisodeStats
 from rl.infra import sharding
 from rl.learning.agent import reset_carry
+from rl.learning.population import Population
 from rl.runners import guard
 from rl.runners.evaluate import seeds_evaluator
 from rl.runners.replay_ratio import ReplayRatio
@@ -68,7 +70,8 @@ class Anakin:
         """`agent` follows rl/learning/agent.py, built for the spaces of `source` (`rl.envs.make_source(cfg.env,
         cfg.num_envs)`, built here when not given)."""
         self.cfg = cfg
-        self.num_seeds = int(cfg.seeds)
+        self.members = agent.members if isinstance(agent, Population) else 1
+        self.num_seeds = self.members * int(cfg.seeds)  # rows of the seed axis
         self.source = source if source is not None else make_source(cfg.env, int(cfg.num_envs))
         self.num_envs = self.source.num_envs
         self.agent = agent
@@ -101,11 +104,13 @@ class Anakin:
 
     def _init_all(self, seeds: jax.Array) -> RunnerState:
         # lax.map, not vmap: no batched LAPACK calls at init (see the module docstring).
-        return jax.lax.map(lambda s: self._init_one(jax.random.PRNGKey(s)), seeds)
+        s = jax.lax.map(lambda s: self._init_one(jax.random.PRNGKey(s)), seeds)
+        return s.replace(agent=self.agent.assign(s.agent)) if isinstance(self.agent, Population) else s
 
     def init(self) -> tuple[RunnerState, jax.Array]:
-        """Initial state of all seeds (seed i uses PRNGKey(cfg.seed + i)) and the iteration counter."""
-        seeds = int(self.cfg.seed) + jnp.arange(self.num_seeds)
+        """Initial state of all rows (seed j uses PRNGKey(cfg.seed + j), in every member) and the iteration
+        counter."""
+        seeds = int(self.cfg.seed) + jnp.arange(self.num_seeds) % int(self.cfg.seeds)
         state = sharding.init_sharded(self._init_all, self.state_shardings, seeds)
         return state, jnp.zeros((), jnp.int32)
 
@@ -192,9 +197,10 @@ class Anakin:
         return (s, it), env_steps + n * self.steps_per_iter, totals
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
-        """Greedy returns `[S, episodes]` of every seed."""
+        """Greedy returns `[S, episodes]` of every row."""
         if episodes not in self._evaluators:  # compiled once per episode count (evaluations during training)
-            self._evaluators[episodes] = seeds_evaluator(self.agent, make_source(self.cfg.env, episodes))
+            self._evaluators[episodes] = seeds_evaluator(self.agent, make_source(self.cfg.env, episodes),
+                                                         self.members)
         with sharding.use_mesh(self.mesh):
             returns, _ = self._evaluators[episodes](state[0].agent, key)
         return np.asarray(returns)

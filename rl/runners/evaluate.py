@@ -50,15 +50,16 @@ def evaluate(agent, agent_state, source, key: jax.Array, max_steps: int | None =
     return out[5], out[6]
 
 
-def seeds_evaluator(agent, source):
+def seeds_evaluator(agent, source, members: int = 1):
     """`evaluate` vmapped over the leading seed axis and jitted, compiled once per shapes:
     `fn(agent_states, key) -> (returns [S, K], lengths [S, K])`. Keep it to evaluate again without
-    recompiling (the evaluations during training)."""
+    recompiling (the evaluations during training). `members`: the rows are members x seeds (a population,
+    member-major), and every member's seed j gets the key of seed j."""
 
     @jax.jit
     def fn(agent_states, key):
-        num_seeds = jax.tree_util.tree_leaves(agent_states)[0].shape[0]
-        keys = jax.random.split(key, num_seeds)
+        num_seeds = jax.tree_util.tree_leaves(agent_states)[0].shape[0] // members
+        keys = jnp.concatenate([jax.random.split(key, num_seeds)] * members)
         return jax.vmap(lambda s, k: evaluate(agent, s, source, k))(agent_states, keys)
 
     return fn
