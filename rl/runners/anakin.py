@@ -11,8 +11,8 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
 * `chunk(state, it, totals, n)`: `n` iterations (a traced count: one compiled program for any `n`) in one
   jitted loop, no host round-trip, adding their per-seed sums to `totals` (rl/runners/totals.py; with, per
   train metric and for the parameters, the first env step where it was NaN/Inf: rl/runners/guard.py). The
-  host loop calls it for sub-chunks of a few seconds, so a signal is answered quickly. No `lax.cond` and, on
-  accelerators, blocks of known trip count (`_repeat`): a GPU waits on the host for every conditional's
+  host loop calls it for sub-chunks of a few seconds, so a signal is answered quickly. On accelerators no
+  `lax.cond` and blocks of known trip count (`_repeat`): a GPU waits on the host for every conditional's
   predicate and every step of a loop of unknown length (28-47 us per iteration on an H200).
 * Seeds are vmapped (seed i uses PRNGKey(cfg.seed + i)); a population (rl/learning/population.py) makes
   the axis members x seeds rows, row `m * seeds + j` being member m with seed j. Except initialisation,
@@ -87,8 +87,12 @@ class Anakin:
         sharding.check_divisible(self.mesh, seeds=self.num_seeds, num_envs=self.num_envs)
         self.state_shardings = None if self.mesh is None else sharding.runner_shardings(
             self.mesh, jax.eval_shape(self._init_all, jnp.arange(self.num_seeds)))
-        # Iterations per known-trip-count block of the compiled loop (`_repeat`): 1 on CPU.
-        self.block = 1 if jax.default_backend() == "cpu" else ACCELERATOR_BLOCK
+        # Accelerators wait on the host for each `lax.cond` predicate and each step of a loop of unknown
+        # length; XLA:CPU reads them for free and there a cond skips work: ~7% faster than selecting (DQN
+        # CartPole, 1 and 16 seeds, scripts.bench_train). Read when the chunk is traced.
+        cpu = jax.default_backend() == "cpu"
+        self.block = 1 if cpu else ACCELERATOR_BLOCK  # iterations per known-trip-count block (`_repeat`)
+        self.select = not cpu  # the train step computed and selected, not under lax.cond
         self.chunk = jax.jit(self._chunk, donate_argnums=(0, 2))
         self._evaluators = {}  # episodes -> jitted greedy evaluation (`evaluate`)
 
@@ -141,16 +145,20 @@ class Anakin:
         return s.replace(agent=agent_state, buffer=buffer_state, key=keys[:, 0]), (metrics, bad)
 
     def _iteration(self, s: RunnerState, it: jax.Array, totals: Totals, train: bool):
-        """One iteration; with `train` (iterations from `learn_iter` on) also the train step, kept where the
-        buffer can sample. No `lax.cond`: the step is computed and its result selected, which XLA folds to
-        nothing for the leaves it leaves untouched (the buffer's storage) and which costs a GPU no
-        device-to-host sync of a predicate per iteration."""
+        """One iteration; with `train` (iterations from `learn_iter` on) also the train step, taken where the
+        buffer can sample: under `lax.cond` on CPU, computed and selected on accelerators (`select`; XLA folds
+        the select away for leaves the step leaves untouched, such as the buffer's storage)."""
         s, finished = sharding.vmap_seeds(self._collect)(s)
         totals = totals.add_episodes(finished.count, finished.score, finished.length)
         if train:
             ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))
-            trained, (metrics, bad) = self._train(s)
-            s = jax.tree_util.tree_map(lambda new, old: jnp.where(ready, new, old), trained, s)
+            if self.select:
+                trained, (metrics, bad) = self._train(s)
+                s = jax.tree_util.tree_map(lambda new, old: jnp.where(ready, new, old), trained, s)
+            else:
+                skipped = jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype),
+                                                 jax.eval_shape(self._train, s)[1])
+                s, (metrics, bad) = jax.lax.cond(ready, self._train, lambda s: (s, skipped), s)
             totals = totals.add_update(metrics, bad, ready, (it + 1) * self.steps_per_iter)
         return s, it + 1, totals
 

@@ -116,14 +116,15 @@ def test_blocked_loop_and_split_calls_equal_one_straight_call(tiny_cfg):
     split across the start of training, give the one straight call's state and totals bit for bit."""
     cfg = tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")
     ref = Anakin(cfg, agent=CountingAgent(3))
-    assert ref.block == 1 and ref.learn_iter == 3  # CPU; 6 env steps per iteration, training from the 3rd
+    assert (ref.block, ref.select, ref.learn_iter) == (1, False, 3)  # CPU; 6 env steps an iteration, training from the 3rd
     expected = _run_in_pieces(ref, [20])
-    for block, pieces in [(1, [1, 4, 15]), (4, [20]), (4, [2, 11, 7]), (8, [5, 15])]:
+    for block, select, pieces in [(1, False, [1, 4, 15]), (1, True, [20]), (4, True, [20]), (4, True, [2, 11, 7]),
+                                  (8, False, [5, 15])]:
         runner = Anakin(cfg, agent=CountingAgent(3))
-        runner.block = block  # read when the chunk is traced
+        runner.block, runner.select = block, select  # read when the chunk is traced
         got = _run_in_pieces(runner, pieces)
         for x, y in zip(_leaves(expected), _leaves(got)):
-            np.testing.assert_array_equal(x, y, err_msg=f"block {block}, calls {pieces}")
+            np.testing.assert_array_equal(x, y, err_msg=f"block {block}, select {select}, calls {pieces}")
     np.testing.assert_array_equal(np.asarray(expected[0].agent["updates"]), [18, 18])
 
 
@@ -144,9 +145,10 @@ def test_train_steps_wait_until_the_buffer_can_sample(tiny_cfg):
     np.testing.assert_allclose(sizes, np.mean([6 * k for k in range(7, 21)]))
 
 
-def test_chunk_has_no_conditional(tiny_cfg):
-    """No `lax.cond` in the loop: on a GPU each costs a device-to-host copy of its predicate and a sync."""
+def test_accelerator_chunk_has_no_conditional(tiny_cfg):
+    """No `lax.cond` in the accelerators' loop: on a GPU each costs a device-to-host copy of its predicate."""
     runner = Anakin(tiny_cfg("num_envs=3", "seeds=2", "total_steps=120"), agent=CountingAgent(3))
+    runner.block, runner.select = 32, True  # what an accelerator backend sets
     state, it = runner.init()
     hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()
     assert " conditional(" not in hlo
