@@ -55,6 +55,29 @@ def _finish(procs: list[subprocess.Popen], stage: str, watchdog_s: float = WATCH
     return out
 
 
+def _stop_process_1(run_dirs: list[Path], overrides: list[str], lines: int, stage: str) -> None:
+    """Start 2 processes, SIGTERM process 1 alone once process 0's metrics.csv has more than `lines` lines:
+    both must stop after the same call (exit 128 + 15)."""
+    procs = _start(run_dirs, *overrides)
+    t0 = time.monotonic()
+    metrics = run_dirs[0] / "metrics.csv"
+    while time.monotonic() - t0 < WATCHDOG_S and procs[1].poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) > lines:
+            procs[1].send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    for code, text in _finish(procs, stage):
+        assert code == 128 + signal.SIGTERM, text[-3000:]
+
+
+def _resume_alone(run: Path) -> subprocess.CompletedProcess:
+    """`resume=<run>` in one process (2 CPU devices, so only the process count differs)."""
+    return subprocess.run([sys.executable, "-m", "scripts.train", f"resume={run}"], check=False, cwd=ROOT,
+                          timeout=WATCHDOG_S, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="disabled", JAX_PLATFORMS="cpu",
+                                   XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+
+
 def _leaves(tree):
     return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
             for x in jax.tree_util.tree_leaves(tree)]
@@ -68,24 +91,13 @@ def test_two_processes_stop_together_resume_bit_exact_and_refuse_one(tmp_path):
     assert not (tmp_path / "straight1" / "metrics.csv").exists()  # process 1 logged into process 0's run dir
     assert (tmp_path / "straight" / "train.1.log").exists()
 
-    procs = _start([run, other], *RUN)
-    t0 = time.monotonic()
+    _stop_process_1([run, other], RUN, 2, "SIGTERM to process 1")  # header + the first log's 2 seed rows
     metrics = run / "metrics.csv"
-    while time.monotonic() - t0 < WATCHDOG_S and procs[1].poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) > 2:
-            procs[1].send_signal(signal.SIGTERM)  # one process only: both must stop after the same call
-            break
-        time.sleep(0.05)
-    for code, text in _finish(procs, "SIGTERM to process 1"):
-        assert code == 128 + signal.SIGTERM, text[-3000:]
     step = checkpoint.latest_step(run)
     assert step is not None and 0 < step < 800
     assert checkpoint.read_meta(run)["process_count"] == 2
 
-    alone = subprocess.run([sys.executable, "-m", "scripts.train", f"resume={run}"], check=False, cwd=ROOT,
-                           timeout=WATCHDOG_S,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="disabled", JAX_PLATFORMS="cpu"),
-                           capture_output=True, text=True)
+    alone = _resume_alone(run)
     assert alone.returncode != 0 and "resume it with 2" in alone.stdout + alone.stderr, alone.stdout + alone.stderr
     assert checkpoint.latest_step(run) == step
 
@@ -109,23 +121,12 @@ def test_sebulba_two_processes_train_stop_together_and_resume(tmp_path):
     """Each process acts on its own local device over its own 8 envs (its own buffer rows), the learner is
     data-parallel over one device of each process; env steps count both processes' recvs."""
     run, other = tmp_path / "run", tmp_path / "other"
-    procs = _start([run, other], *SEBULBA)
-    t0 = time.monotonic()
+    _stop_process_1([run, other], SEBULBA, 1, "Sebulba, SIGTERM to process 1")
     metrics = run / "metrics.csv"
-    while time.monotonic() - t0 < WATCHDOG_S and procs[1].poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) > 1:
-            procs[1].send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.05)
-    for code, text in _finish(procs, "Sebulba, SIGTERM to process 1"):
-        assert code == 128 + signal.SIGTERM, text[-3000:]
     step = checkpoint.latest_step(run)
     assert step is not None and 0 < step < 16384
 
-    alone = subprocess.run([sys.executable, "-m", "scripts.train", f"resume={run}"], check=False, cwd=ROOT,
-                           timeout=WATCHDOG_S, capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="disabled", JAX_PLATFORMS="cpu",
-                                    XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    alone = _resume_alone(run)
     assert alone.returncode != 0 and "resume it with 2" in alone.stdout + alone.stderr, alone.stdout + alone.stderr
 
     for code, text in _finish(_start([run, other], f"resume={run}"), "Sebulba, resume with 2 processes"):

@@ -30,7 +30,7 @@ from rl.config import compose
 from rl.envs.envpool_source import EnvpoolSource
 from rl.experiment import build
 from rl.infra.logging import RunLogger
-from rl.runners import loop, sebulba
+from rl.runners import loop, sebulba, sebulba_eval
 from rl.runners.sebulba import Sebulba
 from tests.conftest import run_probe
 from tests.rl.envs.test_envpool_source import reference
@@ -375,7 +375,7 @@ def test_evaluation_is_greedy_scores_first_episodes_and_stops_at_eval_max_steps(
         return scripted_source(num_envs, batch_size, seed=seed, length=lambda e, n: 1 if n else 2 + e,
                                reward=lambda e, n, t, a: float(t) if a == 1 else -1.0, truncated=lambda e, n: False)
 
-    monkeypatch.setattr(sebulba, "make_source", fake_build)
+    monkeypatch.setattr(sebulba_eval, "make_source", fake_build)  # the evaluation pool
     expected = [sum(range(1, 3 + e)) for e in range(4)]  # 3, 6, 10, 15
     runner = Sebulba(sebulba_cfg(4, 2, 2), ExploringAgent(4), scripted_source(4, 2))
     scores = runner.evaluate(runner.init(), 4, jax.random.PRNGKey(0))
