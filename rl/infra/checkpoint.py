@@ -80,6 +80,9 @@ def checkpoints_dir(path: str | Path) -> Path:
 def save(directory: str | Path, step: int, state: Any, meta: dict, keep: int = 2) -> Path:
     """Write checkpoint `step` (blocking until it is on disk); returns its directory."""
     directory = Path(directory)
+    # Several processes: orbax's barriers are collectives over every device; none may start while a
+    # program is still computing the state (see rl/infra/distributed.py).
+    jax.block_until_ready(state)
     leaves, paths = _flatten(state)
     meta = {**meta, "leaf_paths": paths}
     with _manager(directory, keep) as mngr:

@@ -24,11 +24,10 @@ Config (`configs/distributed/*.yaml`, all keys optional):
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 
 @dataclasses.dataclass
@@ -89,23 +88,59 @@ def is_main_process() -> bool:
 
 
 # --- what every process must agree on (several processes; each is a no-op with one) -------------------------
+# Through the coordination service's key-value store, never an XLA collective: a collective over all devices
+# launched while a compiled program over some of them (the Sebulba learner's update) is still running
+# mismatches gloo's messages (an abort: "Received data size doesn't match expected size"; tests/rl/infra/
+# test_agreement.py reproduces it with jax's own process_allgather).
+AGREE_TIMEOUT_S = 3600.0  # the longest one process may wait for the others at one agreement
+_POLL_MS = 1000           # each wait returns to Python this often, so signals are handled while waiting
+_round = 0                # agreements made by this process (every process makes the same ones, in order)
+
+
+def _client():
+    from jax._src import distributed  # the runtime's client (orbax reaches it the same way)
+
+    return distributed.global_state.client
+
+
+def _get(client, key: str, what: str, timeout_s: float) -> str:
+    """The value of `key` once some process has set it, waiting at most `timeout_s` (then a clear error)."""
+    import jax
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.blocking_key_value_get(key, _POLL_MS)
+        except jax.errors.JaxRuntimeError as e:
+            if "DEADLINE_EXCEEDED" not in str(e):
+                raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what} ({key}): that process is stuck or gone")
+
+
+def exchange(value: str, timeout_s: float = AGREE_TIMEOUT_S) -> list[str]:
+    """Every process's `value` (a short string), in process order, on every process: one round of the
+    coordination service's key-value store (no device work). Every process must call it equally often."""
+    import jax
+
+    global _round
+    n, me = jax.process_count(), jax.process_index()
+    if n == 1:
+        return [value]
+    client, _round = _client(), _round + 1
+    client.key_value_set(f"rl/exchange/{_round}/{me}", value)
+    got = [_get(client, f"rl/exchange/{_round}/{p}", f"process {p} at exchange {_round}", timeout_s)
+           for p in range(n)]
+    if _round > 2:  # every process has read round - 2 (it set round - 1 after reading it)
+        client.key_value_delete(f"rl/exchange/{_round - 2}/{me}")
+    return got
+
+
 def shared_run_dir(run_dir: str | Path) -> Path:
     """Process 0's run dir, on every process: checkpoints are written by all processes into one directory
     (orbax multi-process; on several hosts it must be on a filesystem they share)."""
-    import jax
-
     run_dir = Path(run_dir).absolute()
-    if jax.process_count() == 1:
-        return run_dir
-    from jax.experimental import multihost_utils
-
-    raw = str(run_dir).encode()
-    if len(raw) > _PATH_BYTES:
-        raise ValueError(f"run dir path longer than {_PATH_BYTES} bytes: {run_dir}")
-    buf = np.zeros(_PATH_BYTES, np.uint8)
-    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-    got = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
-    return Path(got.tobytes().rstrip(b"\0").decode())
+    return Path(exchange(str(run_dir))[0])
 
 
 def agree(until: int, signum: int | None) -> tuple[int, int | None]:
@@ -113,18 +148,9 @@ def agree(until: int, signum: int | None) -> tuple[int, int | None]:
     sizes come from each process's own timing) and the signal of any process that received one, so every
     process makes the same calls of the same lengths and all stop after the same one (a process that
     stopped alone would leave the others waiting in a collective)."""
-    import jax
-
-    if jax.process_count() == 1:
-        return until, signum
-    from jax.experimental import multihost_utils
-
-    got = np.asarray(multihost_utils.process_allgather(np.array([until, signum or 0], np.int32)))
-    received = [int(s) for s in got.reshape(-1, 2)[:, 1] if s]
-    return int(got.reshape(-1, 2)[0, 0]), signum or (received[0] if received else None)
-
-
-_PATH_BYTES = 4096
+    got = [tuple(int(v) for v in x.split(",")) for x in exchange(f"{until},{signum or 0}")]
+    received = [s for _, s in got if s]
+    return got[0][0], signum or (received[0] if received else None)
 
 
 def _as_config(section: Any) -> DistributedConfig:

@@ -214,3 +214,12 @@ def leading_shardings(mesh: Mesh, tree: PyTree, *, shard_data: bool) -> PyTree:
 def replicated(mesh: Mesh) -> NamedSharding:
     """Every device of `mesh` holds the whole array."""
     return NamedSharding(mesh, P())
+
+
+def from_host(tree: PyTree, sharding: NamedSharding) -> PyTree:
+    """`tree` (host or device values that every process holds equally) as global arrays of `sharding`, each
+    process filling its own devices: no communication. (`jax.device_put` to a sharding spanning several
+    processes checks the values with a collective over every device, which must not run while a program
+    over some of them is in flight: see rl/infra/distributed.py.)"""
+    return jax.tree_util.tree_map(
+        lambda x: jax.make_array_from_callback(np.shape(x), sharding, lambda index: np.asarray(x)[index]), tree)

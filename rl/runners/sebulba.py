@@ -285,7 +285,10 @@ class _Session:
         t_start = time.perf_counter()
         with sharding.use_mesh(r.mesh):
             totals = learner.zero_totals(agent, buffer) if totals is None else totals
-            if r.shardings is not None and (r.mesh is not None or r.learner_devices[0] != jax.devices()[0]):
+            if r.processes > 1:  # fresh, or restored from a checkpoint's JSON: not yet global arrays
+                if all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(totals)):
+                    totals = sharding.from_host(totals, r._chunk_sharding())
+            elif r.shardings is not None and (r.mesh is not None or r.learner_devices[0] != jax.devices()[0]):
                 totals = jax.device_put(totals, r._chunk_sharding())
             while True:
                 write = owed == 0  # else: train steps owed for the chunk written last (or before a resume)
@@ -316,7 +319,7 @@ class _Session:
                     break
         owed_now = jnp.asarray(owed, jnp.int32)
         if r.processes > 1:  # a global array like the rest of the state (checkpoints save global arrays)
-            owed_now = jax.device_put(np.int32(owed), sharding.replicated(r.mesh))
+            owed_now = sharding.from_host(np.int32(owed), sharding.replicated(r.mesh))
         return {**state, "agent": agent, "buffer": buffer, "key": key, "owed": owed_now}, env_steps, totals
 
     def stats(self) -> dict:

@@ -1,0 +1,27 @@
+"""Processes agree on sub-chunk ends and signals through the coordination service while compiled programs over
+some of their devices run (rl/infra/distributed.py): 2 local processes x 2 CPU devices, gloo collectives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.rl.infra.test_multiprocess import ROOT, _env, _finish
+from tests.rl.infra.test_sharding import _free_port
+
+SCRIPT = ROOT / "tests" / "multidevice" / "agreement.py"
+ROUNDS = 300
+
+
+def test_agreement_while_a_learner_program_runs_shares_process_0s_end_and_any_signal(tmp_path):
+    out, port = tmp_path / "agreed.json", _free_port()
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(out), str(ROUNDS)], cwd=ROOT, env=_env(port, i),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    for code, text in _finish(procs, "agreement", watchdog_s=120):
+        assert code == 0, text[-3000:]
+    got = json.loads(out.read_text())
+    assert got["finite"]
+    # process 0's end (1000 i; process 1 proposed 1000 i + 7), and the signal only process 1 received
+    assert got["agreed"] == [[1000 * i, 15 if i == ROUNDS - 3 else None] for i in range(ROUNDS)]
+    assert got["run_dir"] == "/tmp/run-of-0"  # process 0's run dir on every process
