@@ -4,12 +4,13 @@ tests/rl/infra/test_multiprocess.py (1 process, or one of 2 under jax.distribute
 `python tests/multidevice/sebulba_update.py OUT.json key=value ...` builds the runner of the overrides, writes
 K recvs of 8 envs (the chunk's values depend only on the recv and the global env id, so 1 process with 16 envs
 and 2 processes with 8 each hold the same global buffer), takes 5 train steps and writes the parameters
-(process 0) before and after as JSON.
+(process 0) before and after, and the op_name of each all-gather in the compiled update, as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import jax
@@ -63,12 +64,16 @@ def main(out: str, overrides: list[str]) -> None:
         totals = learner.zero_totals(state["agent"], state["buffer"])
         if runner.mesh is not None:
             totals = jax.device_put(totals, runner._chunk_sharding())
-        agent, *_ = learner.update(state["agent"], state["buffer"], state["key"], totals, chunk, np.bool_(True),
-                                   np.int32(5), np.int32(1000))
+        args = (state["agent"], state["buffer"], state["key"], totals, chunk, np.bool_(True), np.int32(5),
+                np.int32(1000))
+        hlo = learner.update.lower(*args).compile().as_text()
+        agent, *_ = learner.update(*args)
+    # where each all-gather of the compiled update comes from (its op_name)
+    gathers = re.findall(r"all-gather(?:-start)?\(.*?op_name=\"([^\"]*)\"", hlo)
     if jax.process_index() == 0:
         leaves = lambda p: [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(runner._local(p))]
         with open(out, "w") as f:
-            json.dump({"init": leaves(init), "params": leaves(agent.params)}, f)
+            json.dump({"init": leaves(init), "params": leaves(agent.params), "all_gathers": gathers}, f)
 
 
 if __name__ == "__main__":
