@@ -28,7 +28,7 @@ from rl.infra import sharding
 from rl.learning.agent import StepFormat, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
-from rl.learning.population import config_value
+from rl.learning.population import hyperparams
 from rl.learning.schedules import linear
 from rl.learning.target_update import TargetNetState, update_target
 from rl.learning.targets import LOSSES, q_target, td_loss
@@ -41,7 +41,7 @@ EPSILON_KEYS = ("epsilon_start", "epsilon_end", "epsilon_decay_steps")
 
 @dataclasses.dataclass
 class Config:
-    """configs/agent/dqn.yaml."""
+    """Every DQN key with its default; presets (CartPole, MinAtar, the paper's Atari settings): agents/dqn.yaml."""
 
     name: str = "dqn"
     discount: float = 0.99
@@ -116,7 +116,7 @@ class DQN(StepFormat):
 
     def hyperparams(self, hparams: dict | None = None) -> dict:
         """`POPULATION_KEYS` -> value: a member's traced `hparams` where given, else the config's."""
-        return {**{k: config_value(self.cfg, k) for k in POPULATION_KEYS}, **(hparams or {})}
+        return hyperparams(self.cfg, POPULATION_KEYS, hparams)
 
     # --- acting -------------------------------------------------------------------------------------
     def init(self, key: jax.Array, obs_example: jax.Array) -> TargetNetState:

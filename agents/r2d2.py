@@ -15,6 +15,10 @@
   back with `buffer.set_priorities` inside the same `train_step` that receives the (donated) buffer state;
   importance weights with exponent `importance_exponent` (0 switches them off).
 * Exploration: Ape-X per-actor epsilons eps_i = eps_base^(1 + alpha * i / (N - 1)) over the N envs.
+
+`POPULATION_KEYS` may vary within one program (`population.agent.<key>=[...]`, rl/learning/population.py):
+`act` and `train_step` take a member's traced values as `hparams` (key -> scalar) in place of the config's.
+Other keys change shapes or control flow: sweep them with hydra's `-m`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rl.infra import sharding
 from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.population import hyperparams
 from rl.learning.target_update import TargetNetState, update_target
 from rl.nets.networks import NetworkConfig
 from rl.nets.recurrent import (
@@ -43,10 +48,13 @@ from rl.nets.recurrent import (
     zero_carry,
 )
 
+POPULATION_KEYS = ("optim.lr", "discount", "importance_exponent", "priority_eta", "epsilon_base", "epsilon_alpha")
+EPSILON_KEYS = ("epsilon_base", "epsilon_alpha")
+
 
 @dataclasses.dataclass
 class Config:
-    """`configs/agent/r2d2*.yaml`. Defaults are the paper's (Acme's importance exponent)."""
+    """Defaults are the paper's (Acme's importance exponent); presets: agents/r2d2.yaml."""
 
     name: str = "r2d2"
     network: NetworkConfig = dataclasses.field(
@@ -95,13 +103,14 @@ class Config:
         need(self.rescaling_eps >= 0 and self.learning_starts >= 0, "rescaling_eps, learning_starts must be >= 0")
 
 
-def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
-    """Ape-X epsilons `[N]`: eps_i = base^(1 + alpha * i / (N - 1)); a single env gets `base`."""
+def actor_epsilons(num_envs: int, base=0.4, alpha=7.0, xp=np) -> np.ndarray:
+    """Ape-X epsilons `[N]`: eps_i = base^(1 + alpha * i / (N - 1)); a single env gets `base`. `xp=jnp`:
+    traced `base`/`alpha` (a population member's), computed in float32 (NumPy's in float64, then rounded)."""
     if num_envs < 1:
         raise ValueError(f"actor_epsilons: num_envs must be >= 1, got {num_envs}")
-    i = np.arange(num_envs, dtype=np.float64)
+    i = xp.arange(num_envs, dtype=xp.float64 if xp is np else xp.float32)
     exponent = 1.0 + alpha * i / max(num_envs - 1, 1)
-    return (base**exponent).astype(np.float32)
+    return (base**exponent).astype(xp.float32)
 
 
 def valid_td_mask(mask: jax.Array, terminated: jax.Array, done: jax.Array, n: int) -> jax.Array:
@@ -136,7 +145,7 @@ class R2D2(StepFormat):
         self.step_spec = standard_step_spec(self.obs_dtype, carry=("carry", None))
         self.network = make_recurrent_q_network(self.obs_shape, self.num_actions, cfg.network, cfg.lstm_size)
         self.optimizer = make_optimizer(cfg.optim)
-        self.epsilons = jnp.asarray(actor_epsilons(self.num_envs, cfg.epsilon_base, cfg.epsilon_alpha))
+        self.epsilons = jnp.asarray(actor_epsilons(self.num_envs, cfg.epsilon_base, cfg.epsilon_alpha))  # [N]
         self.tx_pair = (rlax.TxPair(lambda x: rlax.signed_hyperbolic(x, cfg.rescaling_eps),
                                     lambda x: rlax.signed_parabolic(x, cfg.rescaling_eps))
                         if cfg.value_rescaling else rlax.IDENTITY_PAIR)
@@ -160,6 +169,10 @@ class R2D2(StepFormat):
         # a full sequence must exist in every row before sampling can start
         self.learning_starts = max(cfg.learning_starts, self.num_envs * cfg.sequence_length)
 
+    def hyperparams(self, hparams: dict | None = None) -> dict:
+        """`POPULATION_KEYS` -> value: a member's traced `hparams` where given, else the config's."""
+        return hyperparams(self.cfg, POPULATION_KEYS, hparams)
+
     # ----------------------------------------------------------------------------------------- acting
     def initial_carry(self, num_envs: int) -> LSTMCarry:
         return zero_carry(num_envs, self.cfg.lstm_size)
@@ -170,15 +183,25 @@ class R2D2(StepFormat):
         target = jax.tree_util.tree_map(jnp.copy, params)  # distinct buffers: the state may be donated
         return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))
 
-    def act(self, state: TargetNetState, obs, carry, key, env_ids, explore: bool = True):
+    def member_epsilons(self, hparams: dict | None = None) -> jax.Array:
+        """The actors' epsilons `[N]` (a member's, from its traced `hparams`, where they set them)."""
+        if not set(EPSILON_KEYS) & set(hparams or {}):
+            return self.epsilons
+        hp = self.hyperparams(hparams)
+        return actor_epsilons(self.num_envs, hp["epsilon_base"], hp["epsilon_alpha"], xp=jnp)
+
+    def act(self, state: TargetNetState, obs, carry, key, env_ids, explore: bool = True,
+            hparams: dict | None = None):
         """Epsilon-greedy over one LSTM step: obs `[E, ...]`, carry `[E, H]` -> actions `[E]`, next carry."""
         carry, q = self.network.apply(state.params, carry, obs[None], jnp.zeros((1, obs.shape[0]), bool))
-        return epsilon_greedy(key, q[0], self.epsilons[env_ids] if explore else 0.0), carry, {}
+        return epsilon_greedy(key, q[0], self.member_epsilons(hparams)[env_ids] if explore else 0.0), carry, {}
 
     # --------------------------------------------------------------------------------------- learning
-    def sequence_loss(self, params, target_params, data, mask, weights):
-        """Loss, |td| `[T-b-1, B]` and its validity mask for batch-major sequences `data` (`[B, L, ...]`)."""
+    def sequence_loss(self, params, target_params, data, mask, weights, discount=None):
+        """Loss, |td| `[T-b-1, B]` and its validity mask for batch-major sequences `data` (`[B, L, ...]`).
+        `discount`: in place of the config's (a member's, traced)."""
         cfg = self.cfg
+        discount = cfg.discount if discount is None else discount
         seq = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), data)  # time-major [L, B, ...]
         mask = jnp.swapaxes(mask, 0, 1)
         done = episode_done(seq)
@@ -195,7 +218,7 @@ class R2D2(StepFormat):
 
         valid = valid_td_mask(mask[b:], seq["terminated"][b:], done[b:], cfg.n_step)  # [L-b-1, B]
         stop = done[b:-1] | ~mask[b + 1 :]
-        discount = cfg.discount * (~stop).astype(jnp.float32)
+        discount = discount * (~stop).astype(jnp.float32)
         reward = jnp.where(mask[b:-1], seq["reward"][b:-1], 0.0)
         a_tm1 = seq["action"][b:-1]
         a_t = jnp.argmax(q[1:], axis=-1).astype(jnp.int32)  # double Q: online argmax, target value
@@ -212,18 +235,20 @@ class R2D2(StepFormat):
         aux = {"abs_td": jnp.abs(td), "valid": valid, "q": q}
         return loss, aux
 
-    def train_step(self, state: TargetNetState, buffer_state, key):
-        cfg = self.cfg
+    def train_step(self, state: TargetNetState, buffer_state, key, hparams: dict | None = None):
+        cfg, hp = self.cfg, self.hyperparams(hparams)
         sample = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size))  # data-parallel
-        weights = importance_weights(sample.probabilities, self.buffer.num_slots, cfg.importance_exponent)
+        weights = importance_weights(sample.probabilities, self.buffer.num_slots, hp["importance_exponent"])
         grad_fn = jax.value_and_grad(self.sequence_loss, has_aux=True)
-        (loss, aux), grads = grad_fn(state.params, state.target_params, sample.data, sample.mask, weights)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        (loss, aux), grads = grad_fn(state.params, state.target_params, sample.data, sample.mask, weights,
+                                     hp["discount"])
+        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(cfg.optim, hp["optim.lr"])
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         count = state.updates + 1
         target_params = update_target(state.target_params, params, count, cfg.target_update_period)
 
-        priorities = sequence_priority(aux["abs_td"].T, aux["valid"].T, cfg.priority_eta)
+        priorities = sequence_priority(aux["abs_td"].T, aux["valid"].T, hp["priority_eta"])
         buffer_state = self.buffer.set_priorities(buffer_state, sample.slots, priorities)
 
         valid = aux["valid"]

@@ -20,6 +20,10 @@ cross-entropy towards r_{t+k-1} (weight 1), both categorical over an h(x)-rescal
 Unroll steps past an episode end (or past the stored data) are masked; the value after a terminal step
 is trained towards 0.
 
+`POPULATION_KEYS` may vary within one program (`population.agent.<key>=[...]`, rl/learning/population.py):
+`train_step` takes a member's traced values as `hparams` (key -> scalar) in place of the config's (`act`
+takes and ignores them). Other keys change shapes or control flow: sweep them with hydra's `-m`.
+
 Shapes: B batch, L sequence length, K unroll steps, A actions, N atoms, S model state size.
 """
 
@@ -49,14 +53,18 @@ from rl.infra import sharding
 from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.categorical import CategoricalSupport
 from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.population import hyperparams
 from rl.learning.retrace import retrace_coefficients, retrace_targets
 from rl.learning.target_update import update_target
 
+POPULATION_KEYS = ("optim.lr", "discount", "retrace_lambda", "target_update_rate", "adv_var_decay", "cmpo_clip",
+                   "pg_weight", "cmpo_weight", "model_policy_weight", "value_weight", "reward_weight",
+                   "dynamics_grad_scale")
 
 @dataclasses.dataclass
 class Config:
     """Muesli hyper-parameters; defaults are the paper's Atari settings (Hessel et al. 2021, Tables 5-6, 9)
-    where it gives them. configs/agent/muesli.yaml repeats them with their sources."""
+    where it gives them; agents/muesli.yaml cites their sources and holds the presets."""
 
     name: str = "muesli"
     network: MuesliNetworkConfig = dataclasses.field(default_factory=MuesliNetworkConfig)
@@ -144,6 +152,10 @@ class Muesli(StepFormat):
             period=1, start="any", cross_episodes=True, length_power=cfg.length_power,
             online_window=cfg.sequence_length, done_fn=episode_done)
 
+    def hyperparams(self, hparams: dict | None = None) -> dict:
+        """`POPULATION_KEYS` -> value: a member's traced `hparams` where given, else the config's."""
+        return hyperparams(self.cfg, POPULATION_KEYS, hparams)
+
     # ---- the rl/learning/agent.py surface -------------------------------------------------------------------
 
     def init(self, key: jax.Array, obs_example: jax.Array) -> MuesliState:
@@ -155,7 +167,7 @@ class Muesli(StepFormat):
                            updates=jnp.zeros((), jnp.int32))
 
     def act(self, state: MuesliState, obs: jax.Array, carry, key: jax.Array, env_ids: jax.Array,
-            explore: bool = True):
+            explore: bool = True, hparams: dict | None = None):
         """Sample from the policy head (argmax when `explore` is False); extras hold the behaviour
         log-probability of the chosen action, which Retrace needs."""
         logits, _ = self._apply(state.params, MuesliNetwork.predict,
@@ -168,13 +180,13 @@ class Muesli(StepFormat):
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), action[:, None], axis=-1)[:, 0]
         return action, carry, {"behaviour_logp": logp}
 
-    def train_step(self, state: MuesliState, buffer_state, key: jax.Array):
+    def train_step(self, state: MuesliState, buffer_state, key: jax.Array, hparams: dict | None = None):
         """Sample online + replay sequences, consume the online queue, take one Adam step, move the target
         network and the advantage statistics."""
         sample = sharding.shard_batch(self.buffer.sample_mixed(buffer_state, key, self.cfg.batch_size,
                                                                1.0 - self.cfg.replay_fraction))  # data-parallel
         buffer_state = self.buffer.consume_online(buffer_state)
-        state, metrics = self.update(state, sample.data, sample.mask)
+        state, metrics = self.update(state, sample.data, sample.mask, hparams)
         n_on = self.online_batch
         metrics = {**metrics, "online_steps": jnp.sum(sample.mask[:n_on]).astype(jnp.float32),
                    "replay_steps": jnp.sum(sample.mask[n_on:]).astype(jnp.float32)}
@@ -182,14 +194,17 @@ class Muesli(StepFormat):
 
     # ---- learning -------------------------------------------------------------------------------------
 
-    def update(self, state: MuesliState, batch: dict, valid: jax.Array):
+    def update(self, state: MuesliState, batch: dict, valid: jax.Array, hparams: dict | None = None):
         """One learner update on sequences `batch` `[B, L, ...]` with validity `valid` `[B, L]`."""
-        targets, adv_ema, target_metrics = self.targets(state, batch, valid)
-        grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        hp = self.hyperparams(hparams)
+        targets, adv_ema, target_metrics = self.targets(state, batch, valid, hp)
+        grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid, hp)
+        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(self.cfg.optim,
+                                                                                             hp["optim.lr"])
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         updates = state.updates + 1
-        target_params = update_target(state.target_params, params, updates, rate=self.cfg.target_update_rate)
+        target_params = update_target(state.target_params, params, updates, rate=hp["target_update_rate"])
         metrics = {**metrics, **target_metrics, "grad_norm": optax.global_norm(grads)}
         state = MuesliState(params=params, target_params=target_params, opt_state=opt_state, adv_ema=adv_ema,
                             updates=updates)
@@ -198,47 +213,51 @@ class Muesli(StepFormat):
     def _apply(self, params, method, *args):
         return self.network.apply(params, *args, method=method)
 
-    def lookahead(self, params, states: jax.Array):
-        """One-step look-ahead for every action: states `[..., S]` -> q `[..., A]` (r + gamma v')."""
+    def lookahead(self, params, states: jax.Array, discount=None):
+        """One-step look-ahead for every action: states `[..., S]` -> q `[..., A]` (r + gamma v'); `discount`
+        in place of the config's."""
+        discount = self.cfg.discount if discount is None else discount
         actions = jnp.broadcast_to(jnp.arange(self.num_actions), states.shape[:-1] + (self.num_actions,))
         tiled = jnp.broadcast_to(states[..., None, :], states.shape[:-1] + (self.num_actions, states.shape[-1]))
         next_states, reward_logits = self._apply(params, MuesliNetwork.step, tiled, actions)
         _, next_value_logits = self._apply(params, MuesliNetwork.predict, next_states)
         return (self.support.logits_to_scalar(reward_logits)
-                + self.cfg.discount * self.support.logits_to_scalar(next_value_logits))
+                + discount * self.support.logits_to_scalar(next_value_logits))
 
-    def targets(self, state: MuesliState, batch: dict, valid: jax.Array):
-        """Retrace, CMPO and advantage targets from the target network; updates the advantage EMA."""
-        cfg = self.cfg
+    def targets(self, state: MuesliState, batch: dict, valid: jax.Array, hp: dict | None = None):
+        """Retrace, CMPO and advantage targets from the target network; updates the advantage EMA. `hp`:
+        `hyperparams(...)` (default the config's)."""
+        cfg, hp = self.cfg, hp or self.hyperparams()
         params = state.target_params
         states = self._apply(params, MuesliNetwork.represent, batch["obs"])  # [B, L, S]
         prior_logits, _ = self._apply(params, MuesliNetwork.predict, states)
-        q = self.lookahead(params, states)  # [B, L, A]
+        q = self.lookahead(params, states, hp["discount"])  # [B, L, A]
         # The baseline is E_prior q of the same look-ahead, so that q and v are consistent (Retrace's v, the
         # CMPO and policy-gradient advantages are all relative to it).
         v = jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1)  # [B, L]
         action = batch["action"]
         log_prior_taken = jnp.take_along_axis(jax.nn.log_softmax(prior_logits), action[..., None], -1)[..., 0]
         q_taken = jnp.take_along_axis(q, action[..., None], -1)[..., 0]
-        c = retrace_coefficients(log_prior_taken, batch["behaviour_logp"], cfg.retrace_lambda)
-        retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=cfg.discount))(
+        c = retrace_coefficients(log_prior_taken, batch["behaviour_logp"], hp["retrace_lambda"])
+        retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=hp["discount"]))(
             q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
         advantage = retrace.q - v
-        adv_ema, scale, adv_mean = advantage_scale(state.adv_ema, advantage, retrace.mask, cfg.adv_var_decay,
+        adv_ema, scale, adv_mean = advantage_scale(state.adv_ema, advantage, retrace.mask, hp["adv_var_decay"],
                                                    cfg.adv_var_eps)
-        log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, cfg.cmpo_clip)
+        log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, hp["cmpo_clip"])
         targets = Targets(retrace=retrace, cmpo_log_probs=log_cmpo, pg_advantage=advantage / scale)
         metrics = {"adv_scale": scale, "adv_mean": adv_mean, "value_prior": masked_mean(v, valid),
                    "retrace_target": masked_mean(retrace.v, retrace.mask)}
         return targets, adv_ema, metrics
 
-    def unroll(self, params, states: jax.Array, actions: jax.Array):
+    def unroll(self, params, states: jax.Array, actions: jax.Array, grad_scale=None):
         """Unroll the model K steps from every state: states `[B, L, S]`, actions `[B, L, K]` ->
         (policy logits `[B, L, K+1, A]`, value logits `[B, L, K+1, N]`, reward logits `[B, L, K, N]`);
-        index 0 is the root."""
+        index 0 is the root. `grad_scale`: in place of the config's `dynamics_grad_scale`."""
+        grad_scale = self.cfg.dynamics_grad_scale if grad_scale is None else grad_scale
 
         def body(s, a):
-            s = s * self.cfg.dynamics_grad_scale + jax.lax.stop_gradient(s) * (1 - self.cfg.dynamics_grad_scale)
+            s = s * grad_scale + jax.lax.stop_gradient(s) * (1 - grad_scale)
             s, features = self._apply(params, MuesliNetwork.transition, s, a)
             return s, (s, features)
 
@@ -249,15 +268,17 @@ class Muesli(StepFormat):
         return (jnp.moveaxis(policy_logits, 0, 2), jnp.moveaxis(value_logits, 0, 2),
                 jnp.moveaxis(reward_logits, 0, 2))
 
-    def loss(self, params, targets: Targets, batch: dict, valid: jax.Array):
-        """The Muesli loss on sequences `[B, L]`; returns (loss, metrics)."""
-        cfg = self.cfg
+    def loss(self, params, targets: Targets, batch: dict, valid: jax.Array, hp: dict | None = None):
+        """The Muesli loss on sequences `[B, L]`; returns (loss, metrics). `hp`: `hyperparams(...)` (default
+        the config's)."""
+        cfg, hp = self.cfg, hp or self.hyperparams()
         K = cfg.unroll_steps
         L = valid.shape[1]
         idx = unroll_indices(L, K)  # [L, K+1]
         action = batch["action"]
         states = self._apply(params, MuesliNetwork.represent, batch["obs"])
-        policy_logits, value_logits, reward_logits = self.unroll(params, states, action[:, idx[:, :-1]])
+        policy_logits, value_logits, reward_logits = self.unroll(params, states, action[:, idx[:, :-1]],
+                                                                 hp["dynamics_grad_scale"])
         log_pi = jax.nn.log_softmax(policy_logits, axis=-1)  # [B, L, K+1, A]
         same, prev_same, absorbing = unroll_masks(valid, batch["terminated"], batch["truncated"], K)
 
@@ -282,8 +303,9 @@ class Muesli(StepFormat):
         reward_target = batch["reward"][:, idx[:, :-1]]  # [B, L, K]
         reward_loss = masked_mean(self.support.cross_entropy(reward_logits, reward_target), prev_same[:, :, 1:])
 
-        loss = (cfg.pg_weight * pg_loss + cfg.cmpo_weight * cmpo_loss + cfg.model_policy_weight * model_policy_loss
-                + cfg.value_weight * value_loss + cfg.reward_weight * reward_loss)
+        loss = (hp["pg_weight"] * pg_loss + hp["cmpo_weight"] * cmpo_loss
+                + hp["model_policy_weight"] * model_policy_loss + hp["value_weight"] * value_loss
+                + hp["reward_weight"] * reward_loss)
         entropy = -jnp.sum(jnp.exp(log_pi[:, :, 0]) * log_pi[:, :, 0], axis=-1)
         metrics = {"loss": loss, "pg_loss": pg_loss, "cmpo_kl": cmpo_loss, "model_policy_loss": model_policy_loss,
                    "value_loss": value_loss, "reward_loss": reward_loss, "entropy": masked_mean(entropy, valid),

@@ -57,6 +57,13 @@ def config_value(cfg: Any, key: str) -> Any:
     return cfg
 
 
+def hyperparams(cfg: Any, keys: Sequence[str], hparams: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`keys` (an agent's `POPULATION_KEYS`) -> value: a member's traced `hparams` where given, else the
+    typed config `cfg`'s (Python numbers, so a run without a population computes as before). The one way an
+    agent reads its population keys."""
+    return {**{k: config_value(cfg, k) for k in keys}, **(hparams or {})}
+
+
 def _flat(tree: Mapping, prefix: str = "") -> dict:
     """`{"optim": {"lr": [...]}}` -> `{"optim.lr": [...]}`."""
     out = {}

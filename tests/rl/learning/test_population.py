@@ -14,10 +14,11 @@ import jax
 import numpy as np
 import pytest
 
+from agents import agent_config
 from agents.dqn import POPULATION_KEYS
 from rl.config import ConfigError, compose
 from rl.experiment import build, load_policy, run
-from rl.learning.population import MemberState, grid
+from rl.learning.population import MemberState, grid, members
 from scripts import plot
 from tests.conftest import TINY_DQN
 
@@ -161,8 +162,9 @@ def test_refused_population_keys(overrides, message):
 
 
 def test_an_agent_without_population_keys_refuses():
-    with pytest.raises(ConfigError, match="population.agent.discount: agent r2d2 has no population keys yet; sweep"):
-        build(compose(["agent=r2d2", "env=cartpole", "population.agent.discount=[0.99,0.997]"]))
+    cfg = agent_config(compose(["agent=r2d2", "env=cartpole"]).agent)
+    with pytest.raises(ValueError, match="population.agent.discount: agent r2d2 has no population keys yet; sweep"):
+        members({"agent": {"discount": [0.99, 0.997]}}, cfg, (), lambda m: cfg)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
