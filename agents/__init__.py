@@ -1,10 +1,13 @@
 """Agent registry: `agent_config(section)` types an `agent:` config section, `make_agent(cfg, ...)` builds the
 agent it names.
 
-Every agent is a module or package `agents/<name>` exposing its `Config` dataclass and
-`make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see rl/learning/agent.py),
-and optionally `POPULATION_KEYS` (`population_keys`).
-Agents are imported lazily, so an agent's dependencies load only when it is used.
+Every agent is a module or package `agents/<name>` exposing its `Config` dataclass (every key, its default and
+its checks) and `make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see
+rl/learning/agent.py), optionally `POPULATION_KEYS` (`population_keys`), and optionally its presets in
+`agents/<name>.yaml` (`families: {env family: preset}`, `presets: {name: the keys that differ from Config's
+defaults}`). Importing this registry imports every agent and stores its hydra options (`agent=<name>`, sized by
+the env's family, and `agent=<name>_<preset>`; rl.config.register_agent), so `agent=<name>` works on every env
+with nothing else to edit.
 """
 
 from __future__ import annotations
@@ -12,16 +15,35 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import ConfigError, to_dataclass
+from rl.config import ConfigError, env_families, register_agent, to_dataclass
 
 
 def available_agents() -> list[str]:
     """Names of the agents (the modules and packages of this package)."""
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def presets_file(module: Any) -> Path:
+    """An agent module's presets: `<name>.yaml` beside its module `<name>.py` or its package `<name>/`."""
+    path = Path(module.__file__).resolve()
+    return (path.parent if path.name == "__init__.py" else path.with_suffix("")).with_suffix(".yaml")
+
+
+def _register() -> dict[str, str]:
+    """Store every agent's hydra options (rl.config.register_agent); option -> agent. Two agents claiming one
+    option name (agent `a` with a preset `b`, and an agent `a_b`) are refused naming both."""
+    families, owner = env_families(), {}
+    for name in available_agents():
+        module = importlib.import_module(f"agents.{name}")
+        for option in register_agent(name, module.Config, presets_file(module), families):
+            if owner.setdefault(option, name) != name:
+                raise ConfigError(f"agent={option} is claimed by agents {owner[option]!r} and {name!r}: rename a preset")
+    return owner
 
 
 def _name(section: Any) -> Any:
@@ -61,3 +83,6 @@ def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_action
     module = importlib.import_module(f"agents.{cfg.name}")
     return module.make_agent(cfg, obs_shape=tuple(obs_shape), obs_dtype=obs_dtype, num_actions=int(num_actions),
                              num_envs=int(num_envs))
+
+
+OPTIONS = _register()  # `agent=<option>` -> the agent it composes

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-# The MinAtar paper's replay size and epsilon schedule; the MLP torso of Muesli's breakout-minatar preset
-# (configs/agent/muesli_env/breakout-minatar.yaml) so both agents see the frame through the same kind of
-# network (on CPU, DQN's small CNN made a 2M-step run ~10x slower).
+# The MinAtar paper's replay size and epsilon schedule; the MLP torso of Muesli's MinAtar preset
+# (agents/muesli.yaml) so both agents see the frame through the same kind of network (on CPU, DQN's small CNN
+# made a 2M-step run ~10x slower). DQN's `minatar` preset (agents/dqn.yaml) is agent=dqn_small with these.
 DQN_MINATAR = ["agent.buffer_size=100000", "agent.epsilon_decay_steps=100000", "agent.epsilon_end=0.1",
                "agent.network.torso=mlp", "agent.network.hidden_sizes=[256,128]"]
 

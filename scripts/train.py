@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from rl.config import CONFIG_DIR, ConfigError
+from rl.config import CONFIG_DIR, ConfigError, refused_override
 from rl.experiment import run
 from rl.infra.checkpoint import MissingCheckpoint
 from rl.infra.sweep import objective
@@ -33,22 +34,33 @@ GROUPS = ("agent", "env")  # config groups a user picks by name on the command l
 
 
 def group_choices(group: str) -> list[str]:
-    """The names `group=<name>` accepts (configs/<group>/**.yaml, sub-folders as `envpool/pong`), minus the
-    preset plumbing folders of configs/agent."""
+    """The names `group=<name>` accepts: configs/<group>/**.yaml (sub-folders as `envpool/pong`) and the
+    options stored in hydra's ConfigStore (every `agent=` option: the agents registry stores them)."""
     root = CONFIG_DIR / group
-    names = [p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml")]
-    return sorted(n for n in names if not n.startswith(("family/", "preset/")))
+    names = {p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml")}
+    try:
+        names |= {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml")}
+    except OSError:  # no such group in the ConfigStore
+        pass
+    return sorted(names)
 
 
 def unknown_choice(argv: list[str]) -> str | None:
     """One line for an `agent=` / `env=` override that names no config (hydra's own message lists only the
-    top folder's files, not the envpool configs), else None."""
+    top folder's files, not the envpool configs) or an override the config would not honour
+    (rl.config.refused_override), else None."""
+    problem = refused_override(argv)
+    if problem:
+        return problem
     for arg in argv:
         key, eq, value = arg.partition("=")
         if eq and key in GROUPS and "," not in value and value not in group_choices(key):
-            hint = (" (another envpool task: a config of its kind with env.id, e.g. env=envpool/pong env.id=Qbert-v5)"
-                    if key == "env" else "")
-            return f"{key}={value} is not a config of configs/{key}/; choose one of {group_choices(key)}{hint}"
+            hint = {"env": " (another envpool task: a config of its kind with env.id, e.g. env=envpool/pong "
+                           "env.id=Qbert-v5)",
+                    "agent": " (agent=<agent> sizes it to the env's family, agent=<agent>_<preset> takes a "
+                             "preset of agents/<agent>.yaml on any env)"}.get(key, "")
+            what = "an agent option" if key == "agent" else f"a config of configs/{key}/"
+            return f"{key}={value} is not {what}; choose one of {group_choices(key)}{hint}"
     return None
 
 

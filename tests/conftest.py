@@ -18,6 +18,7 @@ logging.getLogger("absl").setLevel(logging.WARNING)
 
 import pytest
 
+import agents  # noqa: F401  (importing the agents registry stores the `agent=` options rl.config.compose needs)
 from rl.config import compose
 
 # A DQN run on CartPole small enough to compile and run in seconds (episodes still end, updates happen).

@@ -9,6 +9,9 @@ The registry of sources, one contract for every kind: `env.source=<name>` names 
   `obs_shape`, `obs_dtype` and the stepping surface of its runner (gymnax: pure
   `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba);
 * `RUNNER`, the runner that steps it (`anakin` or `sebulba`; `runner_of(env_cfg)`).
+Every `EnvConfig` also has `family` (rl.config.ENV_FAMILIES: vector | minatar | atari, or None), the size of
+agent presets the env takes (configs/env/*.yaml declare it; rl.config.register_agent reads it there);
+`env_config` checks its value.
 Modules are imported lazily (gymnax or envpool loads only when used) and do not import this registry back.
 A new source is its module (`<name>_source.py` with these three names), a yaml in configs/env/ and a test.
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rl.config import ConfigError, to_dataclass
+from rl.config import ENV_FAMILIES, ConfigError, to_dataclass
 
 
 def sources() -> dict[str, str]:
@@ -36,6 +39,9 @@ def env_config(section: Any):
     known = sources()
     if source not in known:
         raise ConfigError(f"env.source={source!r} is not an env source; available: {sorted(known)}")
+    family = section.get("family") if isinstance(section, (dict, DictConfig)) else getattr(section, "family", None)
+    if family is not None and family not in ENV_FAMILIES:
+        raise ConfigError(f"env.family={family!r} is not an env family; env families: {', '.join(ENV_FAMILIES)}")
     return to_dataclass(importlib.import_module(known[source]).EnvConfig, section, "env")
 
 

@@ -184,6 +184,7 @@ class EnvConfig:
 
     source: str = "envpool"
     id: str = "CartPole-v1"  # any envpool task id with discrete actions, e.g. Pong-v5, Breakout-v5
+    family: str | None = None  # vector | minatar | atari: the agents' preset it takes (rl.config.ENV_FAMILIES)
     batch_size: int | None = None  # envs per recv; null: num_envs // 2 (async); = num_envs: sync mode
     num_threads: int = 0  # envpool worker threads (0: envpool's default)
     max_episode_steps: int | None = None  # null: the task's own limit

@@ -36,6 +36,7 @@ class EnvConfig:
 
     source: str = "gymnax"
     id: str = "CartPole-v1"  # any gymnax id, e.g. Acrobot-v1, Breakout-MinAtar
+    family: str | None = None  # vector | minatar | atari: the agents' preset it takes (rl.config.ENV_FAMILIES)
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # EnvParams overrides
     obs_features: list[int] | None = None  # keep only these observation features (last axis)
 

@@ -544,7 +544,7 @@ def test_hydra_presets():
         minatar = agent_config(compose("config", overrides=["agent=muesli", "env=breakout-minatar"]).agent)
         cartpole = agent_config(compose("config", overrides=["agent=muesli", "env=cartpole"]).agent)
         small = agent_config(compose("config", overrides=["agent=muesli_small", "env=breakout-minatar"]).agent)
-    assert paper == Config()  # configs/agent/muesli.yaml == the dataclass defaults
+    assert paper == Config()  # the paper preset of agents/muesli.yaml is the dataclass defaults
     assert (paper.batch_size, paper.sequence_length, paper.num_atoms, paper.replay_fraction) == (96, 30, 601, 0.75)
     assert (paper.discount, paper.retrace_lambda, paper.target_update_rate, paper.optim.lr) == (0.995, 0.95, 0.1, 3e-4)
     assert cartpole == small and cartpole.network.torso == "mlp" and cartpole.batch_size < 96

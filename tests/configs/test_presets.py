@@ -1,20 +1,39 @@
-"""Agent presets sized to the env family (configs/agent/family/<env>.yaml -> configs/agent/preset/<agent>_<family>):
-`agent=<name>` picks the vector / MinAtar / Atari settings for every env config the project ships, and
-`agent=<name>_paper` gives the paper's settings on any env. Composition only (no jit)."""
+"""Agent presets sized to the env family: each env config declares its `family` (configs/env/*.yaml), each agent
+declares its presets once in agents/<agent>.yaml (`families: {family: preset}`, `presets: {name: keys that
+differ from Config's defaults}`), and rl.config.register_agent composes `Config` defaults < preset < the
+command line into hydra's `agent=<agent>` (by the env's family) and `agent=<agent>_<preset>` (any env).
+Composition only, but for the toy agent's short run."""
 
 from __future__ import annotations
 
 import functools
+import json
+import sys
+from pathlib import Path
 
 import pytest
+from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
+import agents
 from agents import agent_config
-from rl.config import CONFIG_DIR, compose
-from rl.experiment import validate
+from rl import config
+from rl.config import CONFIG_DIR, ConfigError, compose
+from rl.envs import env_config
+from rl.experiment import _filled, validate
+from scripts.train import group_choices, unknown_choice
 
 AGENTS = ("dqn", "r2d2", "muesli")
 ENVS = sorted(str(p.relative_to(CONFIG_DIR / "env").with_suffix("")) for p in (CONFIG_DIR / "env").rglob("*.yaml"))
-AGENT_OPTIONS = sorted(p.stem for p in (CONFIG_DIR / "agent").glob("*.yaml"))
+AGENT_OPTIONS = group_choices("agent")
+BEFORE = json.loads((Path(__file__).parent / "presets_before.json").read_text())
+COVERS = {  # read with ast by tests/test_option_coverage.py: literals only
+    "env.gymnax.family": ["test_every_shipped_env_declares_its_family_once", "test_agent_picks_the_family_preset",
+                          "test_an_unknown_family_is_refused_in_one_line"],
+    "env.envpool.family": ["test_every_shipped_env_declares_its_family_once", "test_agent_picks_the_family_preset",
+                           "test_an_unknown_family_is_refused_in_one_line"],
+}
 
 
 @functools.cache
@@ -27,38 +46,52 @@ def _agent(agent: str, env: str):
     return agent_config(_cfg(agent, env).agent)
 
 
-def family(env: str) -> str:
-    """The family from the env config itself (not from configs/agent/family): Atari = envpool `*-v5` tasks,
-    MinAtar = `*-MinAtar` ids, everything else (CartPole, Acrobot, MountainCar, Catch, envpool CartPole) vector."""
-    cfg = compose([f"env={env}"]).env
-    if cfg.source == "envpool" and cfg.id.endswith("-v5"):
-        return "atari"
-    return "minatar" if cfg.id.endswith("-MinAtar") else "vector"
+def _section(*overrides):
+    return OmegaConf.to_container(compose(list(overrides)).agent, resolve=True)
 
 
-def test_every_shipped_env_has_a_family_file_and_the_families_are_the_expected_ones():
-    assert len(ENVS) >= 12
-    for env in ENVS:
-        assert (CONFIG_DIR / "agent" / "family" / f"{env}.yaml").exists(), env
-        text = (CONFIG_DIR / "agent" / "family" / f"{env}.yaml").read_text()
-        assert "${agent}_" + family(env) in text, env
-    fams = {env: family(env) for env in ENVS}
+def _families(agent: str) -> dict[str, str]:
+    return OmegaConf.load(agents.presets_file(sys.modules[f"agents.{agent}"])).families
+
+
+def test_every_shipped_env_declares_its_family_once():
+    fams = config.env_families()
+    assert sorted(fams) == ENVS and len(ENVS) >= 12 and set(fams.values()) == set(config.ENV_FAMILIES)
     assert fams["cartpole"] == fams["envpool/cartpole"] == fams["acrobot"] == fams["catch"] == "vector"
-    assert fams["asterix-minatar"] == fams["breakout-minatar"] == "minatar"
+    assert fams["mountaincar"] == "vector"
+    assert all(fams[e] == "minatar" for e in ENVS if e.endswith("-minatar"))
     assert fams["envpool/pong"] == fams["envpool/breakout"] == "atari"
+    assert all(_cfg("dqn", env).env.family == fams[env] for env in ("cartpole", "breakout-minatar", "envpool/pong"))
+
+
+def test_the_options_are_every_agent_and_its_presets_and_no_plumbing():
+    assert AGENT_OPTIONS == sorted([*AGENTS, *(f"{a}_{p}" for a in AGENTS for p in ("small", "paper", "minatar"))])
+    assert not (CONFIG_DIR / "agent").exists()  # no family/, preset/, *_small.yaml, *_paper.yaml
+
+
+@pytest.mark.parametrize("case", sorted(BEFORE["composed"]))
+def test_every_preset_composes_to_the_values_it_composed_to_before(case):
+    """Every (agent option x env) the old preset chain composed gives the same section, key for key, and the
+    composed section holds every effective key (nothing left for the dataclass defaults to fill)."""
+    agent, env = case.split("|")
+    cfg = _cfg(agent, env)
+    section = OmegaConf.to_container(cfg.agent, resolve=True)
+    assert section == BEFORE["sections"][BEFORE["composed"][case]]
+    assert _filled(OmegaConf.to_container(cfg, resolve=True))["agent"] == section
 
 
 @pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("agent", AGENTS)
 def test_agent_picks_the_family_preset(agent, env):
     cfg = _agent(agent, env)
-    fam = family(env)
-    expected = _agent(f"preset/{agent}_{fam}", env)  # the preset file itself, selected directly
-    assert cfg == expected
+    fam = config.env_families()[env]
+    assert cfg == _agent(f"{agent}_{_families(agent)[fam]}", env)  # the preset its yaml names, selected directly
     if fam == "vector":
         assert cfg == _agent(f"{agent}_small", env)  # the CartPole-tested small settings, exactly
     elif fam == "atari":
         assert cfg == _agent(f"{agent}_paper", env)
+    else:
+        assert cfg == _agent(f"{agent}_minatar", "cartpole")
     # The sizes the family is about.
     if agent == "r2d2":
         assert (cfg.lstm_size, cfg.batch_size, cfg.sequence_length) == ((512, 64, 80) if fam == "atari" else (64, 32, 40))
@@ -103,7 +136,7 @@ def test_paper_override_gives_the_paper_settings_on_any_env(agent, env):
     elif agent == "muesli":
         from agents.muesli import Config
 
-        assert paper == Config()  # muesli_paper.yaml == the dataclass defaults == the paper's table
+        assert paper == Config()  # the paper preset is empty: the dataclass defaults are the paper's table
     else:
         assert (paper.batch_size, paper.optim.name, paper.loss, paper.epsilon_end) == (32, "rmsprop", "huber", 0.1)
 
@@ -111,6 +144,26 @@ def test_paper_override_gives_the_paper_settings_on_any_env(agent, env):
 def test_single_keys_still_override_a_preset():
     cfg = _agent_with("agent=r2d2", "env=asterix-minatar", "agent.batch_size=8", "agent.lr=0.001")
     assert cfg.batch_size == 8 and cfg.optim.lr == 0.001 and cfg.lstm_size == 64
+    # A key the preset itself sets: the command line wins, the preset's other keys stay.
+    cfg = _agent_with("agent=dqn", "env=breakout-minatar", "agent.buffer_size=123", "agent.network.hidden_sizes=[8]")
+    assert (cfg.buffer_size, cfg.network.hidden_sizes, cfg.network.torso, cfg.epsilon_end) == (123, [8], "mlp", 0.1)
+    assert _agent_with("agent=muesli_paper", "env=cartpole", "agent.num_atoms=51").num_atoms == 51
+
+
+def test_unknown_keys_are_refused_by_name():
+    for override, key in (("agent.lrr=1", "lrr"), ("agent.network.hidden=[4]", "hidden")):
+        with pytest.raises(ConfigCompositionException, match=key):
+            compose(["agent=dqn", "env=breakout-minatar", override])
+    with pytest.raises(ConfigError, match="foo"):  # `+` appends it to the section: the typed config refuses it
+        validate(compose(["agent=r2d2_small", "+agent.foo=1"]))
+
+
+def test_sweeps_over_agent_keys_compose_each_run():
+    """hydra -m composes each combination as a plain run: `agent=dqn,muesli env=... agent.lr=a,b`."""
+    for agent in ("dqn", "muesli"):
+        for lr in (1e-3, 3e-4):
+            cfg = _agent_with(f"agent={agent}", "env=breakout-minatar", f"agent.lr={lr}")
+            assert cfg.optim.lr == lr and cfg.network.hidden_sizes == [256, 128]
 
 
 def _agent_with(*overrides):
@@ -131,3 +184,151 @@ def test_every_preset_takes_the_lr_schedule_keys_without_plus(agent):
     cfg = _agent_with(f"agent={agent}", "env=cartpole", "agent.optim.lr_schedule=linear",
                       "agent.optim.lr_decay_updates=100", "agent.optim.lr_end_fraction=0.1")
     assert (cfg.optim.lr_schedule, cfg.optim.lr_decay_updates, cfg.optim.lr_end_fraction) == ("linear", 100, 0.1)
+
+
+# ---- refusals: one line each -------------------------------------------------------------------------------
+
+def _one_line(err) -> str:
+    message = str(err.value)
+    assert len(message.splitlines()) == 1, message
+    return message
+
+
+def test_an_unknown_family_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"env.family='mujoco' is not an env family; env families: vector") as err:
+        env_config({"source": "gymnax", "id": "CartPole-v1", "family": "mujoco"})
+    _one_line(err)
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "hopper.yaml").write_text("source: gymnax\nid: CartPole-v1\nfamily: mujoco\n")
+    with pytest.raises(ConfigError, match=r"hopper.yaml: `family` must be one of vector, minatar, atari") as err:
+        config.env_families(tmp_path)
+    _one_line(err)
+    (tmp_path / "env" / "hopper.yaml").write_text("source: gymnax\nid: CartPole-v1\n")  # none declared
+    with pytest.raises(ConfigError, match="got None"):
+        config.env_families(tmp_path)
+    # On the command line: the env config's own family picks the preset; another preset is agent=<a>_<preset>.
+    with pytest.raises(ConfigError, match=r"env.family=atari: env.family is the env config's own") as err:
+        compose(["agent=dqn", "env=cartpole", "env.family=atari"])
+    _one_line(err)
+    assert unknown_choice(["env=cartpole", "env.family=atari"]).startswith("env.family=atari: ")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("families: {mujoco: small}\npresets: {small: {}}", r"families.mujoco: not an env family; env families: vector"),
+    ("families: {vector: smal}\npresets: {small: {}}", r"families.vector: no preset 'smal'; its presets: small"),
+    ("presets: {small: {batch_sise: 3}}", r"preset 'small': Key 'batch_sise' is not in struct"),
+    ("presets: {small: {batch_size: 0}}", r"preset 'small'.*batch_size must be >= 1"),
+    ("presets: {a: [b], b: [a]}", r"preset 'a' includes itself \(a -> b -> a\)"),
+    ("presets: {small: 3}", r"preset 'small' must be a mapping of keys or a list"),
+    ("preset: {small: {}}", r"holds `families` and `presets` only"),
+])
+def test_a_bad_presets_file_is_refused_in_one_line_naming_it(tmp_path, text, match):
+    from agents.dqn import Config
+
+    path = tmp_path / "dqn.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match) as err:
+        config.agent_presets(Config, path)
+    assert _one_line(err).startswith(str(path))
+
+
+def test_an_unknown_preset_is_refused_in_one_line():
+    assert unknown_choice(["agent=dqn_nope", "env=cartpole"]).startswith("agent=dqn_nope is not an agent option; "
+                                                                         "choose one of ['dqn', 'dqn_minatar'")
+    assert "\n" not in unknown_choice(["agent=dqn_nope"])
+    with pytest.raises(ConfigCompositionException, match="dqn_nope"):  # hydra's own message, from Python
+        compose(["agent=dqn_nope"])
+
+
+# ---- resume ------------------------------------------------------------------------------------------------
+
+def test_a_run_saved_before_the_families_resumes():
+    """A saved config of the old layout (no env.family; muesli_small.yaml listed only some keys) matches the
+    config composed now, compared whole or through the command line repeated (as scripts.benchmark does)."""
+    def filled(cfg):
+        return _filled(OmegaConf.to_container(cfg, resolve=True))
+
+    saved = OmegaConf.to_container(compose(["agent=muesli", "env=cartpole"]), resolve=True)
+    del saved["env"]["family"]
+    for key in ("impala_channels", "cnn_dense", "model"):  # keys muesli_small.yaml did not list
+        del saved["agent"]["network"][key]
+    for key in ("replay_fraction", "unroll_steps", "pg_weight"):
+        del saved["agent"][key]
+    config.check_resumable(_filled(saved), OmegaConf.create(filled(compose(["agent=muesli", "env=cartpole"]))))
+    command = ["agent=muesli_small", "env=cartpole", "total_steps=9"]
+    assert config.resume_config(_filled(saved), OmegaConf.create(filled(compose(command))), command).total_steps == 9
+    with pytest.raises(ConfigError, match="cannot resume: agent.batch_size"):
+        config.check_resumable(_filled(saved), OmegaConf.create(filled(compose(["agent=muesli", "agent.batch_size=8"]))))
+
+
+# ---- a new agent: its module and one yaml ------------------------------------------------------------------
+
+TOY = '''"""A toy agent: DQN with one hidden layer of `width` units (agents/dqn.py does the work)."""
+import dataclasses
+
+from agents import dqn
+
+
+@dataclasses.dataclass
+class Config:
+    name: str = "toy"
+    width: int = 32
+    learning_starts: int = 100
+    optim: dqn.OptimConfig = dataclasses.field(default_factory=lambda: dqn.OptimConfig(lr=1e-3))
+
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"agent.width must be >= 1, got {self.width}")
+
+
+def make_agent(cfg, **spaces):
+    return dqn.make_agent(dqn.Config(batch_size=16, buffer_size=400, learning_starts=cfg.learning_starts,
+                                     network=dqn.NetworkConfig(hidden_sizes=[cfg.width]), optim=cfg.optim), **spaces)
+'''
+TOY_PRESETS = """families: {minatar: wide}  # vector and atari envs: Config's defaults
+presets:
+  wide: {width: 64, lr: 5.0e-4}
+"""
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    folder = tmp_path / "more_agents"
+    folder.mkdir()
+    (folder / "toy.py").write_text(TOY)
+    (folder / "toy.yaml").write_text(TOY_PRESETS)
+    monkeypatch.setattr(agents, "__path__", [*agents.__path__, str(folder)])
+    monkeypatch.setattr(agents, "OPTIONS", agents._register())  # what importing the registry does
+    yield
+    repo = ConfigStore.instance().repo
+    for option in ("toy.yaml", "toy_wide.yaml"):
+        repo["agent"].pop(option, None)
+    repo["_agent_by_env"].pop("toy", None)
+    sys.modules.pop("agents.toy", None)
+
+
+def test_a_new_agent_is_its_module_and_one_yaml(toy, tmp_path):
+    """The toy agent is found by name: `agent=toy` takes the preset its yaml names for the env's family (the
+    defaults where it names none), `agent=toy_wide` the preset on any env, single keys override either,
+    unknown keys are refused, and it trains through the runner."""
+    from rl.experiment import run
+
+    assert agents.OPTIONS["toy"] == agents.OPTIONS["toy_wide"] == "toy" and "toy" in group_choices("agent")
+    assert _section("agent=toy", "env=cartpole") == {"name": "toy", "width": 32, "learning_starts": 100, "lr": 1e-3,
+                                                     "optim": {**_section("agent=dqn")["optim"], "lr": 1e-3}}
+    assert agent_config(compose(["agent=toy", "env=breakout-minatar"]).agent).width == 64
+    wide = agent_config(compose(["agent=toy_wide", "env=cartpole"]).agent)
+    assert (wide.width, wide.optim.lr) == (64, 5e-4)
+    assert agent_config(compose(["agent=toy", "env=breakout-minatar", "agent.width=8"]).agent).width == 8
+    with pytest.raises(ConfigCompositionException, match="batch_size"):
+        compose(["agent=toy", "agent.batch_size=8"])
+    with pytest.raises(ConfigError, match="agent.width must be >= 1"):
+        validate(compose(["agent=toy", "agent.width=0"]))
+    cfg = compose(["agent=toy", "env=cartpole", "total_steps=400", "num_envs=4", "log_interval=200", "logger=none",
+                   "eval_episodes=2", "checkpoint.enabled=false"])
+    assert run(cfg, tmp_path / "run")["env_steps"] == 400
+
+
+def test_the_toy_agent_leaves_nothing_behind():
+    """The toy fixture removes its options again (they are global in hydra's ConfigStore)."""
+    assert "toy" not in group_choices("agent") and "toy" not in agents.OPTIONS
