@@ -42,7 +42,8 @@ def _register() -> dict[str, str]:
         module = importlib.import_module(f"agents.{name}")
         for option in register_agent(name, module.Config, presets_file(module), families):
             if owner.setdefault(option, name) != name:
-                raise ConfigError(f"agent={option} is claimed by agents {owner[option]!r} and {name!r}: rename a preset")
+                raise ConfigError(f"agent={option} is claimed by agents {owner[option]!r} and {name!r}: rename a "
+                                  f"preset")
     return owner
 
 
@@ -54,8 +55,9 @@ def agent_config(section: Any):
     """The agent section (DictConfig, dict or the dataclass itself) as its agent's `Config` dataclass.
 
     Unknown keys, wrong types and bad values (the dataclass's `__post_init__`) raise a `ConfigError` naming
-    the section. `lr`, the learning-rate key every agent's yaml shares (so `agent.lr=...` sweeps any agent),
-    is the default of `optim.lr` (the yaml interpolates it; a dict without `optim.lr` gets it here).
+    the section. `lr`, the learning-rate key every composed agent section has (so `agent.lr=...` sweeps any
+    agent; rl.config.register_agent adds it), is the default of `optim.lr` (the section interpolates it; a dict
+    without `optim.lr` gets it here).
     """
     name = _name(section)
     if name not in available_agents():

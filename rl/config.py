@@ -215,8 +215,9 @@ def refused_override(overrides: list[str] | tuple[str, ...]) -> str | None:
     `env.family`, which picks the agent's preset from the env config's own yaml when hydra composes it."""
     for override in overrides:
         if override.partition("=")[0].lstrip("+~") == "env.family":
-            return (f"{override}: env.family is the env config's own (it picks the agent's preset as the config is "
-                    f"composed); for another preset on any env choose agent=<agent>_<preset>, e.g. agent=dqn_minatar")
+            return (f"{override}: env.family is the env config's own (it picks the agent's preset as the config "
+                    f"is composed); for another preset on any env choose agent=<agent>_<preset>, e.g. "
+                    f"agent=dqn_minatar")
     return None
 
 
@@ -244,7 +245,8 @@ def env_families(config_dir: Path = CONFIG_DIR) -> dict[str, str]:
 
 def _defaults(schema: type) -> DictConfig:
     """Every key of the agent `Config` dataclass `schema` at its default, plus the shared `lr` key where it has
-    `optim.lr` (`optim.lr: ${..lr}` follows it, so `agent.lr=...` sweeps any agent); struct: no other keys."""
+    `optim.lr` (`optim.lr: ${..lr}` follows it, so `agent.lr=...` sweeps any agent); struct, so a preset's
+    unknown key is refused when merged over it."""
     base = OmegaConf.to_container(OmegaConf.structured(schema))
     optim = base.get("optim")
     if isinstance(optim, dict) and "lr" in optim:
@@ -281,11 +283,13 @@ def agent_presets(schema: type, presets_file: Path) -> tuple[dict[str, DictConfi
     where = str(presets_file)
     data = OmegaConf.to_container(OmegaConf.load(presets_file)) if presets_file.exists() else {}
     if not isinstance(data, dict) or set(data) - {"families", "presets"}:
-        raise ConfigError(f"{where}: holds `families` and `presets` only, got {sorted(data) if isinstance(data, dict) else data!r}")
+        got = sorted(data) if isinstance(data, dict) else data
+        raise ConfigError(f"{where}: holds `families` and `presets` only, got {got!r}")
     presets, families = data.get("presets") or {}, data.get("families") or {}
     for family, preset in families.items():
         if family not in ENV_FAMILIES:
-            raise ConfigError(f"{where}: families.{family}: not an env family; env families: {', '.join(ENV_FAMILIES)}")
+            raise ConfigError(f"{where}: families.{family}: not an env family; env families: "
+                              f"{', '.join(ENV_FAMILIES)}")
         _parts(presets, preset, f"{where}: families.{family}")
     defaults, sections = _defaults(schema), {}
     for name in presets:
@@ -307,7 +311,8 @@ def agent_presets(schema: type, presets_file: Path) -> tuple[dict[str, DictConfi
     return sections, dict(families), defaults
 
 
-def register_agent(name: str, schema: type, presets_file: Path, families: dict[str, str] | None = None) -> list[str]:
+def register_agent(name: str, schema: type, presets_file: Path,
+                   families: dict[str, str] | None = None) -> list[str]:
     """Store agent `name`'s options in hydra's ConfigStore and return their names: `agent=<name>_<preset>` for
     every preset of `presets_file` (on any env), and `agent=<name>`, which takes the preset `families` names for
     the env's family: one `_agent_by_env/<name>/<env>` node per env config (`families`: env -> family, read from
@@ -319,6 +324,7 @@ def register_agent(name: str, schema: type, presets_file: Path, families: dict[s
         store.store(group="agent", name=f"{name}_{preset}", node=section)
     for env, family in (env_families() if families is None else families).items():
         group, _, option = f"_agent_by_env/{name}/{env}".rpartition("/")
-        store.store(group=group, name=option, node=sections[by_family[family]] if family in by_family else defaults)
+        section = sections[by_family[family]] if family in by_family else defaults
+        store.store(group=group, name=option, node=section)
     store.store(group="agent", name=name, node={"defaults": [{f"/_agent_by_env/{name}@_here_": "${env}"}]})
     return [name, *(f"{name}_{preset}" for preset in sections)]
