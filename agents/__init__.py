@@ -3,11 +3,11 @@ agent it names.
 
 Every agent is a module or package `agents/<name>` exposing its `Config` dataclass (every key, its default and
 its checks) and `make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see
-rl/learning/agent.py), optionally `POPULATION_KEYS` (`population_keys`), and optionally its presets in
-`agents/<name>.yaml` (`families: {env family: preset}`, `presets: {name: the keys that differ from Config's
-defaults}`). Importing this registry imports every agent and stores its hydra options (`agent=<name>`, sized by
-the env's family, and `agent=<name>_<preset>`; rl.config.register_agent), so `agent=<name>` works on every env
-with nothing else to edit.
+rl/learning/agent.py), optionally `POPULATION_KEYS` (`population_keys`) and `POPULATION_BOUNDS`
+(`population_bounds`), and optionally its presets in `agents/<name>.yaml` (`families: {env family: preset}`,
+`presets: {name: the keys that differ from Config's defaults}`). Importing this registry imports every agent
+and stores its hydra options (`agent=<name>`, sized by the env's family, and `agent=<name>_<preset>`;
+rl.config.register_agent), so `agent=<name>` works on every env with nothing else to edit.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ def population_keys(name: str) -> tuple[str, ...]:
     """The config keys agent `name` can vary within one program (its module's `POPULATION_KEYS`; none if it
     lists none): rl/learning/population.py."""
     return tuple(getattr(importlib.import_module(f"agents.{name}"), "POPULATION_KEYS", ()))
+
+
+def population_bounds(name: str) -> dict[str, tuple[float, float]]:
+    """The [lo, hi] of agent `name`'s population keys that have bounds (its module's `POPULATION_BOUNDS`),
+    which population-based training keeps perturbed values in (rl/learning/pbt.py)."""
+    return dict(getattr(importlib.import_module(f"agents.{name}"), "POPULATION_BOUNDS", {}))
 
 
 def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):

@@ -9,7 +9,8 @@ the learner in Sebulba.
 
 `POPULATION_KEYS` may vary within one program (`population.agent.<key>=[...]`, rl/learning/population.py):
 `act`, `epsilon` and `train_step` take a member's traced values as `hparams` (key -> scalar) in place of the
-config's. Other keys change shapes or control flow: sweep them with hydra's `-m`.
+config's. Other keys change shapes or control flow: sweep them with hydra's `-m`. `POPULATION_BOUNDS`: the
+ranges population-based training keeps perturbed values in (rl/learning/pbt.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from rl.nets.networks import NetworkConfig, make_q_network
 POPULATION_KEYS = ("optim.lr", "discount", "tau", "huber_delta", "epsilon_start", "epsilon_end",
                    "epsilon_decay_steps", "importance_exponent")
 EPSILON_KEYS = ("epsilon_start", "epsilon_end", "epsilon_decay_steps")
+POPULATION_BOUNDS = {k: (0.0, 1.0) for k in ("discount", "tau", "epsilon_start", "epsilon_end")}  # PBT keeps them in
 
 
 @dataclasses.dataclass

@@ -18,7 +18,8 @@
 
 `POPULATION_KEYS` may vary within one program (`population.agent.<key>=[...]`, rl/learning/population.py):
 `act` and `train_step` take a member's traced values as `hparams` (key -> scalar) in place of the config's.
-Other keys change shapes or control flow: sweep them with hydra's `-m`.
+Other keys change shapes or control flow: sweep them with hydra's `-m`. `POPULATION_BOUNDS`: the ranges
+population-based training keeps perturbed values in (rl/learning/pbt.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from rl.nets.recurrent import (
 
 POPULATION_KEYS = ("optim.lr", "discount", "importance_exponent", "priority_eta", "epsilon_base", "epsilon_alpha")
 EPSILON_KEYS = ("epsilon_base", "epsilon_alpha")
+POPULATION_BOUNDS = {k: (0.0, 1.0) for k in ("discount", "priority_eta", "epsilon_base")}  # PBT keeps them in
 
 
 @dataclasses.dataclass

@@ -17,7 +17,8 @@ A population (`population.agent.<key>=[v1,v2,...]`, rl/learning/population.py: `
 combination of the values x `seeds` in one Anakin program; keys outside the agent's `POPULATION_KEYS`, other
 population sections and the envpool runner are refused with one line. Its metrics.csv rows carry each
 member's overrides, `summary.csv` in the run dir has one row per member, and `run` returns them as
-`result["members"]`.
+`result["members"]`. With `population.pbt.interval` > 0 it is population-based training (rl/learning/pbt.py):
+the run dir's `pbt.csv` gets the lineage (rl/infra/lineage.py) and metrics.csv rows the current values.
 
 Resuming (`resume=<run dir>`): the saved run's config is used; `overrides` (the command line) may change
 only `rl.config.RESUME_FREE_KEYS` (total_steps, logging, checkpoint cadence, eval episodes, ...), anything
@@ -39,10 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from agents import agent_config, make_agent, population_keys
+from agents import agent_config, make_agent, population_bounds, population_keys
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory
+from rl.learning.pbt import PBTConfig, pbt_config
 from rl.learning.population import Population
 from rl.learning.population import members as population_members
 from rl.runners import loop
@@ -72,10 +74,11 @@ def _make_agent(agent_cfg, source, total_steps: int, num_envs: int):
     return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
 
 
-def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict]]:
+def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict], PBTConfig | None]:
     """`cfg.population`'s members (`rl.learning.population.members`: values by population key, overrides),
-    each member's agent config typed and checked as its separate run's; `([], [])` without a population.
-    Anything that cannot form a population is refused with one line (`ConfigError`)."""
+    each member's agent config typed and checked as its separate run's, and its PBT config (`PBTConfig` or
+    None); `([], [], None)` without a population. Anything that cannot form a population is refused with one
+    line (`ConfigError`)."""
     spec = OmegaConf.to_container(cfg.population, resolve=True) if cfg.get("population") else {}
     if spec and runner_of(env_cfg) == "sebulba":
         raise ConfigError(f"population: the envpool (Sebulba) runner trains one setting per run (env "
@@ -88,16 +91,17 @@ def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict
         return agent_config(run_cfg.agent)
 
     try:
-        return population_members(spec, agent_cfg, population_keys(agent_cfg.name), typed)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+        values, overrides = population_members(spec, agent_cfg, population_keys(agent_cfg.name), typed)
+        return values, overrides, pbt_config(spec.get("pbt"), len(values))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
 
 
 def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces (a `Population`
     of it where `cfg.population` names one)."""
     agent_cfg, env_cfg = validate(cfg)
-    member_values, member_overrides = _members(cfg, agent_cfg, env_cfg)
+    member_values, member_overrides, pbt = _members(cfg, agent_cfg, env_cfg)
     # Sebulba with several processes: `num_envs` envs per process, seeded apart, each with its buffer rows.
     processes = jax.process_count() if runner_of(env_cfg) == "sebulba" else 1
     seed = int(cfg.seed) + jax.process_index() * int(cfg.num_envs) * (processes > 1)
@@ -109,7 +113,8 @@ def build(cfg: DictConfig):
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
                           f"{source.num_actions} actions)") from None
     if member_values:
-        agent = Population(agent, member_values, int(cfg.seeds), member_overrides)
+        agent = Population(agent, member_values, int(cfg.seeds), member_overrides, pbt=pbt,
+                           bounds=population_bounds(agent_cfg.name))
     if runner_of(env_cfg) == "sebulba":
         from rl.runners.sebulba import Sebulba
 
@@ -174,6 +179,12 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     population = runner.agent if isinstance(runner.agent, Population) else None
     logger = RunLogger(cfg, run_dir, rows=population.row_labels() if population else None,
                        primary=distributed.is_main_process())
+    if population is not None and population.pbt is not None and logger.primary:
+        from rl.infra.lineage import FILENAME, Lineage
+
+        start = checkpoint.latest_step(resume_from) if resume_from is not None else None
+        runner.lineage = Lineage(logger.run_dir / FILENAME, population.keys, resume_step=start)
+        logger.paths["pbt_lineage"] = runner.lineage.path
     try:
         if need.total > memory.GB:
             logger.note(f"memory: this run holds about {need.describe()}")

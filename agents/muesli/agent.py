@@ -23,6 +23,7 @@ is trained towards 0.
 `POPULATION_KEYS` may vary within one program (`population.agent.<key>=[...]`, rl/learning/population.py):
 `train_step` takes a member's traced values as `hparams` (key -> scalar) in place of the config's (`act`
 takes and ignores them). Other keys change shapes or control flow: sweep them with hydra's `-m`.
+`POPULATION_BOUNDS`: the ranges population-based training keeps perturbed values in (rl/learning/pbt.py).
 
 Shapes: B batch, L sequence length, K unroll steps, A actions, N atoms, S model state size.
 """
@@ -60,6 +61,9 @@ from rl.learning.target_update import update_target
 POPULATION_KEYS = ("optim.lr", "discount", "retrace_lambda", "target_update_rate", "adv_var_decay", "cmpo_clip",
                    "pg_weight", "cmpo_weight", "model_policy_weight", "value_weight", "reward_weight",
                    "dynamics_grad_scale")
+POPULATION_BOUNDS = {"adv_var_decay": (0.0, 0.9999),  # PBT keeps them in (the config's ranges)
+                     **{k: (0.0, 1.0) for k in ("discount", "retrace_lambda", "target_update_rate",
+                                                "dynamics_grad_scale")}}
 
 @dataclasses.dataclass
 class Config:

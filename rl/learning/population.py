@@ -11,6 +11,9 @@ reads them in place of its config's (its `act`/`train_step`/... take `hparams=`)
 Rows: member m, seed j is row `m * seeds + j` (member-major) and uses the keys of seed j of a plain run
 (PRNGKey(cfg.seed + j) for training; seed j's evaluation key), so it equals the run
 `agent.<key>=<value of member m> seed=<cfg.seed + j>` (rl/runners/anakin.py, rl/runners/evaluate.py).
+
+`population.pbt` (rl/learning/pbt.py) makes it population-based training: `Population.pbt` holds its config
+and `Population.bounds` the agent's bounds on the keys (`POPULATION_BOUNDS`), which the runner applies.
 """
 
 from __future__ import annotations
@@ -79,8 +82,8 @@ def members(spec: Mapping, agent_cfg: Any, allowed: Sequence[str], typed: Callab
     separate run would set (`{"agent.<key as given>": value}`); `([], [])` for an empty section.
     `typed(member)`: the member's agent config, checked (raises `ValueError`). Anything that cannot vary
     inside one program is refused with a one-line `ValueError` naming the key."""
-    if set(spec) - {"agent"}:
-        key = next(k for k in spec if k != "agent")
+    if set(spec) - {"agent", "pbt"}:
+        key = next(k for k in spec if k not in ("agent", "pbt"))
         raise ValueError(f"population.{key}: only agent hyperparameters form a population "
                          f"(population.agent.<key>=[...]); sweep {key} with hydra -m ({key}=<v1>,<v2>)")
     section = spec.get("agent", {})
@@ -126,12 +129,15 @@ class Population:
     """`agent` trained as `len(members)` hyperparameter settings x `seeds` seeds in one program.
 
     `members`: per member, population key (canonical, `optim.lr`) -> value. `overrides`: per member, what a
-    separate run would set (`{"agent.optim.lr": 0.001}`), for reporting. Everything but `init`, `act` and
-    `train_step` is the agent's (its buffer, step format, replay ratio)."""
+    separate run would set (`{"agent.optim.lr": 0.001}`), for reporting. `pbt`: population-based training
+    (rl/learning/pbt.py `PBTConfig`; None: off) and `bounds` the agent's [lo, hi] per key that has them.
+    Everything but `init`, `act` and `train_step` is the agent's (its buffer, step format, replay ratio)."""
 
     def __init__(self, agent, members: Sequence[Mapping[str, float]], seeds: int,
-                 overrides: Sequence[Mapping[str, Any]]):
+                 overrides: Sequence[Mapping[str, Any]], pbt=None,
+                 bounds: Mapping[str, tuple[float, float]] | None = None):
         self.agent, self.seeds = agent, int(seeds)
+        self.pbt, self.bounds = pbt, dict(bounds or {})
         self.keys = tuple(members[0])
         self.values = {k: jnp.asarray([m[k] for m in members], jnp.float32) for k in self.keys}  # [M] each
         self.members = len(members)

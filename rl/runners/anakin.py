@@ -19,6 +19,12 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
   which maps over seeds one at a time: a vmapped init batches the orthogonal initialisers' QR factorisations, and on XLA:CPU
   several batched LAPACK calls in flight at once can occupy every intra-op thread while each waits for
   its own sub-tasks on that pool (a deadlock seen with R2D2's LSTM and 2 seeds on 2 cores).
+* Population-based training (`population.pbt`, rl/learning/pbt.py): the rows also count their finished
+  episodes' returns (`RunnerState.pbt`), and the train iterations run in segments that end at PBT events, each
+  followed by the event (`_pbt_event`: a gather over the member axis inside the chunk). `advance` ends a
+  compiled call at each event to hand its lineage (M sources, returns and hyperparameters; no parameters)
+  to `lineage` (rl/infra/lineage.py; rl/experiment.py points it at the run dir's pbt.csv), and `row_values`
+  gives the rows' current hyperparameters for their metrics.csv rows. Without PBT nothing of this runs.
 * Resuming from a chunk boundary is bit-exact on CPU.
 """
 
@@ -38,6 +44,7 @@ from omegaconf import DictConfig
 from rl.envs import make_source
 from rl.envs.episodes import EpisodeStats
 from rl.infra import sharding
+from rl.learning import pbt as pbt_lib
 from rl.learning.agent import reset_carry
 from rl.learning.population import Population
 from rl.runners import guard
@@ -59,6 +66,7 @@ class RunnerState:
     carry: Any  # the actor's recurrent state, () for feed-forward agents
     stats: EpisodeStats
     key: jax.Array
+    pbt: Any = None  # rl/learning/pbt.py PBTState with population-based training, else None (no leaves)
 
 
 class Anakin:
@@ -71,6 +79,8 @@ class Anakin:
         cfg.num_envs)`, built here when not given)."""
         self.cfg = cfg
         self.members = agent.members if isinstance(agent, Population) else 1
+        self.pbt = agent.pbt if isinstance(agent, Population) else None  # rl/learning/pbt.py PBTConfig or None
+        self.lineage = None  # where PBT events go: `write(env_steps, source, returns, hparams)` (per member)
         self.num_seeds = self.members * int(cfg.seeds)  # rows of the seed axis
         self.source = source if source is not None else make_source(cfg.env, int(cfg.num_envs))
         self.num_envs = self.source.num_envs
@@ -109,6 +119,8 @@ class Anakin:
     def _init_all(self, seeds: jax.Array) -> RunnerState:
         # lax.map, not vmap: no batched LAPACK calls at init (see the module docstring).
         s = jax.lax.map(lambda s: self._init_one(jax.random.PRNGKey(s)), seeds)
+        if self.pbt is not None:
+            s = s.replace(pbt=jax.vmap(pbt_lib.PBTState.zeros)(jnp.arange(self.num_seeds) // int(self.cfg.seeds)))
         return s.replace(agent=self.agent.assign(s.agent)) if isinstance(self.agent, Population) else s
 
     def init(self) -> tuple[RunnerState, jax.Array]:
@@ -150,6 +162,8 @@ class Anakin:
         the select away for leaves the step leaves untouched, such as the buffer's storage)."""
         s, finished = sharding.vmap_seeds(self._collect)(s)
         totals = totals.add_episodes(finished.count, finished.score, finished.length)
+        if self.pbt is not None:
+            s = s.replace(pbt=s.pbt.add(finished.count, finished.score))
         if train:
             ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))
             if self.select:
@@ -175,9 +189,53 @@ class Anakin:
         loops (collect only; collect and train)."""
         collect_only = jnp.clip(self.learn_iter - 1 - it, 0, num_iters)
         c = _repeat(functools.partial(self._iteration, train=False), collect_only, (s, it, totals), self.block)
-        s, it, totals = _repeat(functools.partial(self._iteration, train=True), num_iters - collect_only, c,
-                                self.block)
+        s, it, totals = self._train_iterations(c, num_iters - collect_only)
         return sharding.constrain(s, self.state_shardings), it, totals
+
+    def _train_iterations(self, carry, n: jax.Array):
+        """`n` train iterations from `carry` = (state, counter, totals); with PBT in segments, each up to the
+        next event and followed by it where it reached it."""
+        step = functools.partial(self._iteration, train=True)
+        if self.pbt is None:
+            return _repeat(step, n, carry, self.block)
+
+        def segment(c):
+            s, it, totals, left = c
+            event = self.next_event(it)
+            k = jnp.minimum(left, event - it)
+            s, it, totals = _repeat(step, k, (s, it, totals), self.block)
+            s = jax.lax.cond(it == event, self._pbt_event, lambda s, it: s, s, it)
+            return s, it, totals, left - k
+
+        s, it, totals, _ = jax.lax.while_loop(lambda c: c[3] > 0, segment, (*carry, n))
+        return s, it, totals
+
+    # --- population-based training (rl/learning/pbt.py) ---------------------------------------------------
+    def next_event(self, count):
+        """The iteration count after which the next PBT event falls (int, or int32 when `count` is traced)."""
+        return pbt_lib.next_event(count, self.steps_per_iter, self.pbt.interval, self.learn_iter)
+
+    def _pbt_event(self, s: RunnerState, it: jax.Array) -> RunnerState:
+        """The PBT event after iteration `it`: exploit/explore on the rows' agent states and hyperparameters
+        (their buffers, envs and keys untouched)."""
+        agent, pbt = pbt_lib.event(s.agent, s.pbt, pbt_lib.event_key(int(self.cfg.seed), it), int(self.cfg.seeds),
+                                   self.pbt.quantile, self.pbt.perturb, self.agent.bounds)
+        return s.replace(agent=agent, pbt=pbt)
+
+    def row_values(self, state) -> dict[str, np.ndarray]:
+        """Per row `[S]`, logged with its metrics: the current hyperparameters (`hparam/<key>`) under PBT."""
+        if self.pbt is None:
+            return {}
+        return {f"hparam/{k}": np.asarray(v) for k, v in jax.device_get(state[0].agent.hparams).items()}
+
+    def _record_event(self, s: RunnerState, env_steps: int) -> None:
+        """Hand the event just taken to `lineage`: per member its source, the return ranked, new values."""
+        if self.lineage is None:
+            return
+        seeds = int(self.cfg.seeds)
+        source, recent, hparams = jax.device_get((s.pbt.source, s.pbt.recent, s.agent.hparams))
+        self.lineage.write(env_steps, np.asarray(source)[::seeds], np.asarray(recent).reshape(-1, seeds).mean(1),
+                           {k: np.asarray(v)[::seeds] for k, v in hparams.items()})
 
     # --- host-loop interface (rl/runners/loop.py) ------------------------------------------------------------
     def rounded_total(self, total_steps: int) -> int:
@@ -196,13 +254,25 @@ class Anakin:
             yield self
 
     def advance(self, state, env_steps: int, until: int, totals: Totals | None = None):
-        """Whole iterations up to `until` env steps (at least one) in one compiled call; returns the state,
-        the env steps reached and `totals` (None: fresh ones; donated) with the call's steps added."""
+        """Whole iterations up to `until` env steps (at least one) in one compiled call (with PBT, one per event
+        reached, whose lineage goes to `lineage`); returns the state, the env steps reached and `totals` (None:
+        fresh ones; donated) with the call's steps added."""
         s, it = state
         n = max((until - env_steps) // self.steps_per_iter, 1)
         totals = self.zero_totals(s) if totals is None else totals
-        s, it, totals = self.chunk(s, it, totals, np.int32(n))
-        return (s, it), env_steps + n * self.steps_per_iter, totals
+        if self.pbt is None:
+            s, it, totals = self.chunk(s, it, totals, np.int32(n))
+            return (s, it), env_steps + n * self.steps_per_iter, totals
+        count = env_steps // self.steps_per_iter
+        end = count + n
+        while count < end:  # one call per PBT event, so each event's lineage is read
+            event = self.next_event(count)
+            k = min(end, event) - count
+            s, it, totals = self.chunk(s, it, totals, np.int32(k))
+            count += k
+            if count == event:
+                self._record_event(s, count * self.steps_per_iter)
+        return (s, it), count * self.steps_per_iter, totals
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy returns `[S, episodes]` of every row."""

@@ -16,6 +16,8 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
         device and donated; None: fresh ones) the per-seed sums and, per metric, the first env step
         where it was NaN/Inf (rl/runners/guard.py)
     evaluate(state, episodes, key) -> np.ndarray     greedy returns `[S, episodes]`
+    row_values(state) -> {name: [S]} (optional)      logged with each log's metrics (the current
+                                                     hyperparameters of a PBT population's rows)
     cheap_eval: bool                                 evaluate often by default (`eval_interval: null`)?
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
@@ -268,6 +270,7 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
                 return state, env_steps, last, ckpt, unfinished
             out = totals_lib.summarise(totals)
             nonfinite = out.pop("nonfinite", {})
+            out.update(session.row_values(state) if hasattr(session, "row_values") else {})
             if eval_every and env_steps // eval_every > before // eval_every:
                 out["eval_return"] = _greedy_return(cfg, runner, state, env_steps)
             logger.log(env_steps, out)
