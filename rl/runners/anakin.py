@@ -21,10 +21,11 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
   its own sub-tasks on that pool (a deadlock seen with R2D2's LSTM and 2 seeds on 2 cores).
 * Population-based training (`population.pbt`, rl/learning/pbt.py): the rows also count their finished
   episodes' returns (`RunnerState.pbt`), and the train iterations run in segments that end at PBT events, each
-  followed by the event (`_pbt_event`: a gather over the member axis inside the chunk). `advance` ends a
-  compiled call at each event to hand its lineage (M sources, returns and hyperparameters; no parameters)
-  to `lineage` (rl/infra/lineage.py; rl/experiment.py points it at the run dir's pbt.csv), and `row_values`
-  gives the rows' current hyperparameters for their metrics.csv rows. Without PBT nothing of this runs.
+  followed by the event (`_pbt_event`: a gather over the member axis inside the chunk; under `lax.cond` on CPU,
+  computed and selected on accelerators, as the train step). `advance` ends a compiled call at each event to
+  hand its lineage (M sources, returns and hyperparameters; no parameters) to `lineage` (rl/infra/lineage.py;
+  rl/experiment.py points it at the run dir's pbt.csv), and `row_values` gives the rows' current
+  hyperparameters for their metrics.csv rows. Without PBT nothing of this runs.
 * Resuming from a chunk boundary is bit-exact on CPU.
 """
 
@@ -204,7 +205,11 @@ class Anakin:
             event = self.next_event(it)
             k = jnp.minimum(left, event - it)
             s, it, totals = _repeat(step, k, (s, it, totals), self.block)
-            s = jax.lax.cond(it == event, self._pbt_event, lambda s, it: s, s, it)
+            if self.select:  # as the train step (`_iteration`): no conditional on accelerators
+                evented = self._pbt_event(s, it)
+                s = jax.tree_util.tree_map(lambda new, old: jnp.where(it == event, new, old), evented, s)
+            else:
+                s = jax.lax.cond(it == event, self._pbt_event, lambda s, it: s, s, it)
             return s, it, totals, left - k
 
         s, it, totals, _ = jax.lax.while_loop(lambda c: c[3] > 0, segment, (*carry, n))

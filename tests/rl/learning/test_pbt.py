@@ -111,6 +111,35 @@ def test_the_event_matches_numpy(tmp_path):
     assert not np.any(after.pbt.count) and not np.any(after.pbt.score)
 
 
+def test_events_do_not_depend_on_calls_or_blocks():
+    """The events (every 40 env steps) give the same state whether the chunk runs as one call or several, in
+    blocks of known trip count, with the train step and the event selected (accelerators) or under cond."""
+    cfg = compose([*TINY_DQN, "seeds=1", LRS, "population.pbt.interval=40", "population.pbt.quantile=0.5"])
+
+    def pieces(block, select, calls):
+        runner = build(cfg)
+        runner.block, runner.select = block, select  # read when the chunk is traced
+        s, it = runner.init()
+        totals = runner.zero_totals(s)
+        for n in calls:
+            s, it, totals = runner.chunk(s, it, totals, np.int32(n))
+        return s, totals
+
+    expected = pieces(1, False, [100])
+    assert np.any(np.asarray(expected[0].agent.hparams["optim.lr"]) != np.float32([1e-4, 1e-3, 3e-3, 1e-2]))
+    for block, select, calls in [(1, False, [7, 30, 63]), (4, True, [100]), (8, True, [13, 50, 37])]:
+        _equal(expected, pieces(block, select, calls))
+
+
+def test_accelerator_chunk_has_no_conditional():
+    """With PBT too, no `lax.cond` in the accelerators' chunk (the event is computed and selected)."""
+    runner = build(compose([*TINY_DQN, "seeds=1", LRS, "population.pbt.interval=40"]))
+    runner.block, runner.select = 32, True  # what an accelerator backend sets
+    state, it = runner.init()
+    hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()
+    assert " conditional(" not in hlo
+
+
 @pytest.fixture(scope="module")
 def pbt_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("pbt")
