@@ -18,7 +18,9 @@ Contract (the Anakin runner calls these inside its chunk; rows are members x see
   k. With `k_choice, k_factor = jax.random.split(key)`, member m of the bottom copies
   `top[jax.random.randint(k_choice, (M,), 0, k)[m]]` and multiplies hyperparameter i by
   `perturb[jax.random.randint(k_factor, (M, K), 0, len(perturb))[m, i]]` (keys in sorted order); other
-  members keep their own (source m, factor 1). Where a member has no return yet (NaN) nobody copies.
+  members keep their own (source m, factor 1). Nobody copies a member whose return is not strictly higher
+  (ties: the first event often ranks members that have not learned yet, all alike), nor where a member has
+  no return yet (NaN).
 * `event(agent [S], pbt [S], key, ...)`: the rows of member m take the agent state (params, optimiser state,
   target params, counters: all of `MemberState.agent`) of the same seed of `source[m]` (a gather over the
   member axis: bit for bit) and hyperparameters `clip(hparams[source] * factor, lo, hi)`; the window restarts.
@@ -119,7 +121,7 @@ def choose(returns: jax.Array, key: jax.Array, quantile: float, perturb: Sequenc
     source = jnp.arange(members, dtype=jnp.int32)
     source = source.at[bottom].set(top[jax.random.randint(k_choice, (members,), 0, k)[bottom]].astype(jnp.int32))
     factor = jnp.asarray(perturb, jnp.float32)[jax.random.randint(k_factor, (members, num_keys), 0, len(perturb))]
-    copied = (source != jnp.arange(members)) & jnp.all(jnp.isfinite(returns))
+    copied = (source != jnp.arange(members)) & (returns[source] > returns) & jnp.all(jnp.isfinite(returns))
     source = jnp.where(copied, source, jnp.arange(members, dtype=jnp.int32))
     return source, jnp.where(copied[:, None], factor, 1.0)
 
