@@ -221,7 +221,7 @@ class R2D2(StepFormat):
         valid = valid_td_mask(mask[b:], seq["terminated"][b:], done[b:], cfg.n_step)  # [L-b-1, B]
         stop = done[b:-1] | ~mask[b + 1 :]
         discount = discount * (~stop).astype(jnp.float32)
-        reward = jnp.where(mask[b:-1], seq["reward"][b:-1], 0.0)
+        reward = seq["reward"][b:-1]  # padding (~mask) never reaches a valid TD: its chain is cut, hence invalid
         a_tm1 = seq["action"][b:-1]
         a_t = jnp.argmax(q[1:], axis=-1).astype(jnp.int32)  # double Q: online argmax, target value
 

@@ -301,6 +301,25 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "q_target depends on target_params only and the loss is differentiated w.r.t. the online params alone",
     ("rl/runners/loop.py", 'eval_every = int(cfg.get("eval_interval", 0))', "plus_one"):  # (code of a5f3235)
         "every composed config has eval_interval (config.yaml, TrainConfig): the default of .get is never read",
+    ("rl/runners/sebulba.py", "if self.mesh is None and self.learner_devices[0] == jax.devices()[0] or self.processes > 1:",
+     "gt_to_lt"):
+        "several processes: the state is already global in the runner's shardings (init's out_shardings, the "
+        "restore target's), and device_put of an array to its own sharding returns it",
+    ("rl/envs/envpool_source.py", "ok = np.asarray(ids).shape == (1,) and int(np.asarray(ids)[0]) in (0, 1)",
+     "plus_one"):
+        "rejecting id 1 only makes env.xla=auto fall back to the host actor loop, which writes the same steps",
+    ("buffers/clustered.py", "idx = randint_below(k_slot, (batch_size,), jnp.maximum(state.size[cid], 1))",
+     "minus_one"):
+        "randint_below(key, shape, 0) is 0 like randint_below(key, shape, 1): floor(n X / 2**64)",
+    ("rl/infra/logging.py", 'ax.legend(fontsize=7, loc="best")', "plus_one"):
+        "the legend's font size: no plotted value changes",
+    ("rl/infra/logging.py", "fig.savefig(path, dpi=120)", "plus_one"):
+        "the PNG's resolution: no plotted value changes",
+    ("rl/envs/video.py", "frames.append(draw(np.asarray(obs[0])))  # the next episode's first observation", "plus_one"):
+        "the video plays one env and obs is a JAX array of that 1 row: JAX clamps index 1 to 0",
+    ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
+     "plus_one"):
+        "the fill marks rows no entry wrote: any negative fill loses every max and equals no entry index",
 }
 
 

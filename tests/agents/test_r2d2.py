@@ -125,6 +125,20 @@ def test_config_errors_name_the_key():
         small_config(period=0)
 
 
+def test_config_accepts_the_bounds_its_checks_name():
+    """Each check's boundary values (the ends of the ranges the messages state) are accepted, so no check is
+    off by one; one past them is refused."""
+    small_config(sequence_length=2, burn_in=0, period=2)  # burn_in <= L - 2, period <= L
+    small_config(period=1, n_step=1, discount=0.0, lstm_size=1, batch_size=1, target_update_period=1,
+                 train_interval=1, priority_exponent=0.0, importance_exponent=0.0, priority_eta=0.0,
+                 epsilon_base=0.0, rescaling_eps=0.0, learning_starts=0)
+    small_config(discount=1.0, priority_eta=1.0, epsilon_base=1.0)
+    for key, bad in [("train_interval", 0), ("target_update_period", 0), ("n_step", 0), ("discount", 1.01),
+                     ("priority_eta", -0.01), ("epsilon_base", 1.01), ("sequence_length", 1)]:
+        with pytest.raises(ValueError, match=key):
+            small_config(**{key: bad, **({"burn_in": 0, "period": 1} if key == "sequence_length" else {})})
+
+
 # ----------------------------------------------------------------------------- the n-step target, in NumPy
 def reference_td(agent, params, target_params, data, mask, stored_state=True, select="online"):
     """|td| [B, L-b-1] and validity by explicit loops: unroll with resets, h(G + g^k h^-1(Q_target(a*))).
@@ -206,6 +220,29 @@ def test_sequence_td_matches_numpy_reference(stored_state):
     # Guard: the online and target nets pick different next actions here, so double Q is being tested.
     target_td, _ = reference_td(agent, params, target, data, mask, stored_state, select="target")
     assert (np.abs(target_td - ref_td)[ref_ok] > 1e-3).sum() >= 2
+
+
+def test_steps_outside_the_mask_do_not_reach_the_td_errors():
+    """A sequence's padding (steps past its data: whatever the row held, even NaN rewards) changes neither the
+    TD errors nor the loss's gradient (a NaN reaching an invalid step's TD would poison the gradient even
+    where the loss masks it out)."""
+    agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=3, num_envs=E)
+    data, mask = hand_sequences(agent)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
+    target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
+    loss = jax.jit(jax.value_and_grad(agent.sequence_loss, has_aux=True))
+
+    def run(d):
+        (_, aux), grad = loss(params, target, jax.tree.map(jnp.asarray, d), jnp.asarray(mask),
+                                  jnp.ones(mask.shape[0]))
+        return np.asarray(aux["abs_td"]), [np.asarray(g) for g in jax.tree_util.tree_leaves(grad)]
+
+    clean_td, clean_grad = run(data)
+    assert (~mask).sum() >= 2  # padding exists
+    td, grad = run(dict(data, reward=np.where(mask, data["reward"], np.nan).astype(np.float32)))
+    np.testing.assert_array_equal(td, clean_td)
+    for g, c in zip(grad, clean_grad):
+        np.testing.assert_array_equal(g, c)
 
 
 def test_sequence_loss_value_and_weights_match_reference():

@@ -142,6 +142,11 @@ def test_empty_sample_and_bad_prototype():
         buf.init(bad)
     with pytest.raises(ValueError, match="capacity_per_env .* must exceed"):
         make_nstep_buffer(2, 3, 3, 0.99)
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        make_nstep_buffer(2, 6, 0, 0.99)
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got 1.5"):
+        make_nstep_buffer(2, 6, 1, 1.5)
+    make_nstep_buffer(2, 6, 1, 1.0), make_nstep_buffer(2, 6, 1, 0.0)  # the bounds themselves are fine
 
 
 def test_nstep_scan_vmap_over_seeds():

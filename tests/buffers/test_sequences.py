@@ -366,3 +366,19 @@ def test_jit_scan_vmap_of_every_op():
             np.testing.assert_array_equal(b[i], one)
     consumed = jax.jit(jax.vmap(buf.consume_online))(vs)
     assert not np.asarray(jax.vmap(buf.can_sample_online)(consumed)).any()
+
+
+def test_the_last_slot_keeps_its_weight_when_the_slots_fill_whole_tree_blocks():
+    """24 slots (3 rows x 8, stride 1) in a sum tree of fanout 23: the dummy leaf for dropped writes (index 24)
+    lies past the first full block, and every real slot, the last one included, keeps its weight."""
+    cfg = {"period": 3, "priority_exponent": 1.0}
+    j = jitted(make_sequence_buffer(E, T, L, fanout=23, **cfg))
+    state, ref, rng = j.buf.init(PROTO), SeqRef(cfg), np.random.default_rng(0)
+    ids = np.arange(E, dtype=np.int32)
+    for _ in range(2 * T):
+        steps = make_steps(ref, ids, rng, done_p=0.0)
+        state = j.add(state, steps, ids, np.ones(E, bool))
+        ref.add(steps, ids, [True] * E)
+    w = ref.weights()
+    assert w.shape == (E * T,) and w[-1] > 0
+    np.testing.assert_allclose(np.asarray(jax.jit(j.buf.weights)(state)), w, rtol=1e-5, atol=1e-7)

@@ -68,6 +68,24 @@ def test_cartpole_pole_and_cart_follow_the_state():
     assert abs(centre([1.2, 0, 0, 0], cart, above_track) - 240) < 2
 
 
+def test_mountaincar_car_sits_at_its_position_on_the_hill():
+    """The car is drawn at x = (position - min_position) * 320 / (max - min) px, resting on the hill (its lowest
+    row at y = 240 - 10 - (0.45 sin(3 position) + 0.55) * that scale): the black pixels one frame has and the
+    other lacks are each frame's car."""
+    draw = video.renderer(env_config({"source": "gymnax", "id": "MountainCar-v0"})).frame
+    scale = 320 / 1.8
+
+    def car(pos, other):
+        a, b = (np.all(draw(np.asarray([x, 0.0], np.float32)) == 0, -1) for x in (pos, other))
+        rows, cols = np.nonzero(a & ~b)
+        return cols.mean(), rows.max()
+
+    for pos in (-0.5, 0.3):
+        column, bottom = car(pos, -pos - 0.2)
+        assert abs(column - (pos + 1.2) * scale) < 2
+        assert abs(bottom - (230 - (0.45 * np.sin(3 * pos) + 0.55) * scale)) < 3
+
+
 def test_atari_frame_is_the_newest_of_the_stack_in_grey():
     obs = np.random.default_rng(0).integers(0, 256, (4, 84, 84), np.uint8)
     frame = video.renderer(env_config({"source": "envpool", "id": "Pong-v5"})).frame(obs)

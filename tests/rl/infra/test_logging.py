@@ -21,7 +21,7 @@ def _cfg(total_steps: int = 1000, progress: bool = True):
 
 @pytest.fixture
 def texts_saved(monkeypatch):
-    """The texts written on the axes of every figure saved (title, labels and `ax.text`s)."""
+    """The `ax.text`s of every figure saved (notes on the axes; not the title or the labels)."""
     saved: list[list[str]] = []
     original = matplotlib.figure.Figure.savefig
 
@@ -91,6 +91,20 @@ def test_learning_curve_with_episodes_has_no_such_note(tmp_path, texts_saved):
     plot_learning_curve(history, tmp_path / "c.png")
     assert texts_saved == [[]]
     assert not math.isnan(history[0]["episode_return"])
+
+
+def test_learning_curve_axes_name_env_steps_and_the_metric(tmp_path, monkeypatch):
+    labels = []
+    original = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        labels.append([(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes])
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    history = [{"env_steps": s, "seed": 0, "eval_return": 1.0} for s in (100, 200)]
+    plot_learning_curve(history, tmp_path / "c.png", key="eval_return", title="CartPole")
+    assert labels == [[("env steps", "eval return", "CartPole")]]
 
 
 # --------------------------------------------------------------------------- quiet start (a real tiny run)

@@ -228,3 +228,11 @@ def test_distributed_enabled_starts_jax_distributed_once_with_the_given_keys(mon
     assert calls == [{"coordinator_address": "x:1", "num_processes": 2, "process_id": 1,
                       "initialization_timeout": 300}]
     assert distributed.initialize(section) is True and len(calls) == 1
+
+
+def test_mesh_over_takes_exactly_the_devices_given_in_order():
+    """The Sebulba learner's mesh: `(seed=1, data=n)` over the given devices, in their order."""
+    devices = jax.devices()[::-1][:2]
+    mesh = sharding.mesh_over(devices)
+    assert dict(mesh.shape) == {sharding.SEED_AXIS: 1, sharding.DATA_AXIS: len(devices)}
+    assert list(mesh.devices.flat) == devices

@@ -90,6 +90,8 @@ def test_reports_like_a_multirun(population):
         assert result["members"][m]["overrides"] == {"agent.optim.lr": [1e-3, 1e-3, 3e-3, 3e-3][m],
                                                      "agent.discount": [0.9, 0.99, 0.9, 0.99][m]}
         assert result["members"][m]["eval_return"] == pytest.approx(float(row["eval_return"]))
+        assert result["members"][m]["eval_returns"] == evals[m].tolist()
+        assert result["members"][m]["episode_return"] == pytest.approx(last)  # its seeds' final rows, in order
     groups = plot.collect_curves(out, "episode_return")  # scripts.plot: one curve per member, over its seeds
     assert sorted(groups) == [f"agent.optim.lr={lr} agent.discount={d}" for lr in ("0.001", "0.003")
                               for d in ("0.9", "0.99")] and all(len(c) == 2 for c in groups.values())

@@ -9,7 +9,7 @@ import numpy as np
 
 from buffers.sequences import make_sequence_buffer
 from rl.experiment import build, run
-from rl.runners.anakin import Anakin
+from rl.runners.anakin import Anakin, _repeat
 
 
 def _leaves(tree):
@@ -126,6 +126,22 @@ def test_blocked_loop_and_split_calls_equal_one_straight_call(tiny_cfg):
         for x, y in zip(_leaves(expected), _leaves(got)):
             np.testing.assert_array_equal(x, y, err_msg=f"block {block}, select {select}, calls {pieces}")
     np.testing.assert_array_equal(np.asarray(expected[0].agent["updates"]), [18, 18])
+
+
+def test_repeat_runs_blocks_of_known_trip_count_then_the_rest():
+    """`_repeat(step, n, carry, block)`: n steps in all (n traced); with block > 1 as an outer loop of
+    `n // block` runs of a `block`-step loop of known trip count (a scan of that length) and the rest; block 1:
+    one loop, no scan."""
+    step = lambda i, total: (i + 1, total + i)  # the step index and the sum of the indices seen
+
+    def jaxpr(block):
+        return str(jax.make_jaxpr(lambda n: _repeat(step, n, (jnp.int32(0), jnp.int32(0)), block))(np.int32(0)))
+
+    assert "length=4" in jaxpr(4) and "scan" not in jaxpr(1)
+    for block in (1, 4):
+        for n in (0, 3, 4, 11):
+            i, total = jax.jit(lambda n, b=block: _repeat(step, n, (jnp.int32(0), jnp.int32(0)), b))(np.int32(n))
+            assert (int(i), int(total)) == (n, n * (n - 1) // 2)
 
 
 class WaitingAgent(CountingAgent):

@@ -103,6 +103,21 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
     assert float(totals.episodes[0]) == sum(int(te or tr) for row in ref.values() for (_, _, _, te, tr, _) in row)
 
 
+def test_learner_calls_hold_about_the_budget_of_measured_train_steps():
+    """`cap(budget_s)`: 1 train step per call until a call with steps was measured, then budget / seconds per
+    step (at least 1); a call without train steps measures nothing."""
+    cfg = compose_cfg("num_envs=4")
+    agent = make_agent(agent_config(cfg.agent), obs_shape=(4,), obs_dtype=np.float32, num_actions=2, num_envs=4)
+    learner = Learner(agent, 4)
+    assert learner.cap(10.0) == 1
+    learner.record(0, 5.0)  # writes only: no rate
+    assert learner.cap(10.0) == 1
+    learner.record(20, 2.0)  # 0.1 s per step
+    assert learner.cap(10.0) == 100 and learner.cap(0.01) == 1
+    learner.record(0, 5.0)
+    assert learner.cap(10.0) == 100
+
+
 def test_host_loop_pipeline_rows_follow_cartpole_dynamics():
     """The real pipeline with the host-loop actor (env.xla=off; the XLA-handle actor is checked the same way
     in the DQN smoke test), learner off, on envpool CartPole async: each env's row is a valid CartPole

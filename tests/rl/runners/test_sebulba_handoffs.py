@@ -223,16 +223,21 @@ def test_the_actor_runs_at_most_queue_size_chunks_ahead(queue_size):
     state = runner.init()
 
     def fill():
+        t0 = time.perf_counter()
         with runner.session(state, 0) as session:
             actor = session.actors.threads[0]
             deadline = time.monotonic() + 60
             while actor.blocked_s < 0.3:
                 assert actor.error is None and time.monotonic() < deadline, "the actor never blocked"
                 time.sleep(0.02)
-            return actor.chunks.qsize(), actor.index, len(source.env.log)
+            stats = session.actors.stats()
+            return actor.chunks.qsize(), actor.index, len(source.env.log), stats, time.perf_counter() - t0
 
-    queued, made, recvs = within(120, fill)
+    queued, made, recvs, stats, wall = within(120, fill)
     assert (queued, made, recvs) == (queue_size, queue_size + 1, (queue_size + 1) * K)
+    # the actor's seconds: busy making its chunks, blocked on the full queue; together within the wall time
+    assert 0 < stats["actor_busy_s"] and 0.3 <= stats["actor_blocked_s"]
+    assert stats["actor_busy_s"] + stats["actor_blocked_s"] <= wall
 
 
 # --------------------------------------------------------------------------- hand-off: logged numbers, env rows
