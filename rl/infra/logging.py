@@ -90,9 +90,9 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []  # rows {"env_steps", row labels ("seed", ...), metric: value}
-        self.wandb_id: str | None = None
+        self.wandb_id: str | None = None  # a population's: its members' run ids, comma-separated
         self.paths: dict[str, Path] = {}
-        self._wandb = None
+        self._wandb: list[tuple[Any, list[int]]] = []  # (wandb run, the rows it logs)
         self._bar = None
         self._csv_fields: list[str] | None = None
         self._started = False
@@ -143,6 +143,16 @@ class RunLogger:
         ret = NO_EPISODE if math.isnan(self._recent) else f"ret={self._recent:.1f}"
         return ret if sps is None else f"sps={sps:,.0f}, {ret}"
 
+    def _members(self) -> list[tuple[dict, list[int]]]:
+        """What each wandb run logs: `(labels, rows)`. A population: one run per member (its overrides, its
+        seeds' rows); otherwise one run of every row."""
+        if "member" not in self.rows[0]:
+            return [({}, list(range(self.num_seeds)))]
+        members: dict[Any, list[int]] = {}
+        for i, row in enumerate(self.rows):
+            members.setdefault(row["member"], []).append(i)
+        return [({k: v for k, v in self.rows[r[0]].items() if k != "seed"}, r) for r in members.values()]
+
     def _start_wandb(self, wandb_id: str | None) -> None:
         wcfg = self.cfg.logger.wandb
         mode = os.environ.get("WANDB_MODE") or wcfg.mode  # the env var (e.g. disabled in CI) wins
@@ -155,12 +165,22 @@ class RunLogger:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
-        self._wandb = wandb.init(
-            mode=mode, project=wcfg.project, entity=wcfg.entity, group=wcfg.group, name=wcfg.name,
-            tags=list(wcfg.tags), dir=str(self.run_dir), id=wandb_id, resume="allow" if wandb_id else None,
-            config=OmegaConf.to_container(self.cfg, resolve=True), settings=wandb.Settings(silent=True),
-        )
-        self.wandb_id = self._wandb.id
+        members = self._members()
+        ids = wandb_id.split(",") if wandb_id else [None] * len(members)
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        # A population is a group of runs, one per member, named like a multirun's jobs (its overrides).
+        group = wcfg.group or (self.run_dir.name if len(members) > 1 else None)
+        for (labels, rows), run_id in zip(members, ids, strict=True):
+            name = wcfg.name
+            if labels:
+                name = " ".join(f"{k}={v}" for k, v in labels.items() if k != "member") or f"member {labels['member']}"
+            run = wandb.init(
+                mode=mode, project=wcfg.project, entity=wcfg.entity, group=group, name=name,
+                tags=list(wcfg.tags), dir=str(self.run_dir), id=run_id, resume="allow" if run_id else None,
+                config={**config, **labels}, settings=wandb.Settings(silent=True),
+                reinit="create_new" if len(members) > 1 else "default")
+            self._wandb.append((run, rows))
+        self.wandb_id = ",".join(run.id for run, _ in self._wandb)
 
     # --- logging ------------------------------------------------------------------------------------
     def log(self, env_steps: int, metrics: dict[str, Any]) -> None:
@@ -176,16 +196,18 @@ class RunLogger:
         self._last = (now, env_steps)
         if RETURN_KEY in per_seed and not np.all(np.isnan(per_seed[RETURN_KEY])):
             self._recent = float(np.nanmean(per_seed[RETURN_KEY]))
-        if self._wandb is not None:
+        for run, mine in self._wandb:  # each run its rows: `<key>/mean`, and per seed or the value itself
             data = {"sps": sps}
             for k, v in per_seed.items():
+                v = v[mine]
                 if not np.all(np.isnan(v)):
                     data[f"{k}/mean"] = float(np.nanmean(v))
-                if self.num_seeds > 1:
-                    data.update({f"{k}/seed{s}": float(v[s]) for s in range(self.num_seeds) if not np.isnan(v[s])})
+                if len(mine) > 1:
+                    data.update({f"{k}/seed{self.rows[r]['seed']}": float(x) for r, x in zip(mine, v)
+                                 if not np.isnan(x)})
                 else:
                     data[k] = float(v[0])
-            self._wandb.log(data, step=int(env_steps))
+            run.log(data, step=int(env_steps))
         ret = f"return {self._recent:.2f}" if not math.isnan(self._recent) else NO_EPISODE
         self._file(f"env step {int(env_steps):,} per seed: {sps * self.num_seeds:,.0f} SPS (all seeds), {ret}")
         if self._bar is not None:
@@ -231,12 +253,13 @@ class RunLogger:
         path = self.run_dir / "summary.json"
         path.write_text(json.dumps(values, indent=2))
         self.paths["summary"] = path
-        if self._wandb is not None:
+        for run, mine in self._wandb:  # per-row lists (one entry per seed row) summarised over the run's rows
             for k, v in values.items():
                 if isinstance(v, (int, float)):
-                    self._wandb.summary[k] = v
+                    run.summary[k] = v
                 elif isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in np.ravel(v)):
-                    self._wandb.summary[f"{k}/mean"] = float(np.mean(v))
+                    rows = [v[r] for r in mine] if len(v) == self.num_seeds else v
+                    run.summary[f"{k}/mean"] = float(np.mean(rows))
 
     def note(self, message: str) -> None:
         """Print a line without breaking the progress bar (and append it to train.log)."""
@@ -254,10 +277,12 @@ class RunLogger:
         if self.cfg.logger.plot and self.history and self.primary:
             self.paths["learning_curve"] = plot_learning_curve(self.history, self.run_dir / "learning_curve.png",
                                                                title=f"{self.cfg.agent.name} on {self.cfg.env.id}")
-        if self._wandb is not None:
-            self.paths["wandb"] = Path(self._wandb.dir).parent
-            self._wandb.finish()
-            self._wandb = None
+        if self._wandb:
+            run_dir = Path(self._wandb[0][0].dir).parent  # wandb/<offline-run-...>; several: wandb/
+            self.paths["wandb"] = run_dir if len(self._wandb) == 1 else run_dir.parent
+            for run, _ in self._wandb:
+                run.finish()
+            self._wandb = []
         if self._started:
             lines = [f"run dir: {self.run_dir.absolute()}"]
             lines += [f"  {name}: {Path(path).absolute()}" for name, path in sorted(self.paths.items())]

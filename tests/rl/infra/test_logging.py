@@ -139,3 +139,30 @@ def test_train_console_has_only_our_lines(tmp_path, env, steps):
     assert err and all(line.startswith("dqn/CartPole-v1:") for line in err), proc.stderr  # the bar only
     assert not [line for line in proc.stdout.splitlines() if line.startswith("wandb:")]  # wandb's own lines
     assert "][INFO]" not in proc.stdout and "run dir:" in proc.stdout
+
+
+def test_a_population_logs_one_wandb_run_per_member_in_one_group(tmp_path, monkeypatch):
+    """Offline wandb: a run per member, named by its overrides, in a group named after the run dir, each with
+    its member's overrides in its config and only its own seeds' values; the ids resume the same runs."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = _cfg(1000, progress=False)
+    cfg.logger.wandb.mode = "offline"
+    rows = [{"member": m, "agent.optim.lr": lr, "seed": s} for m, lr in enumerate([1e-3, 3e-3]) for s in (0, 1)]
+    logger = RunLogger(cfg, tmp_path / "pop", rows=rows)
+    logger.start(start_step=0, num_seeds=4, total_steps=1000)
+    runs = [run for run, _ in logger._wandb]
+    assert [r.name for r in runs] == ["agent.optim.lr=0.001", "agent.optim.lr=0.003"]
+    assert {r.group for r in runs} == {"pop"}
+    assert [(r.config["member"], r.config["agent.optim.lr"]) for r in runs] == [(0, 1e-3), (1, 3e-3)]
+    logged = {r.id: [] for r in runs}
+    for run in runs:
+        monkeypatch.setattr(run, "log", lambda data, step, i=run.id: logged[i].append((step, data)))
+    logger.log(500, {"episode_return": [1.0, 2.0, 3.0, 5.0]})
+    first, second = (logged[r.id][0] for r in runs)
+    assert first[1]["episode_return/seed0"] == 1.0 and first[1]["episode_return/mean"] == 1.5
+    assert second[1]["episode_return/seed1"] == 5.0 and second[1]["episode_return/mean"] == 4.0
+    logger.summary({"eval_return_mean": [10.0, 20.0, 30.0, 40.0]})
+    assert [r.summary["eval_return_mean/mean"] for r in runs] == [15.0, 35.0]
+    assert logger.wandb_id == ",".join(r.id for r in runs)
+    paths = logger.close()
+    assert len(list(paths["wandb"].glob("offline-run-*"))) == 2
