@@ -6,6 +6,7 @@ Composition only, but for the toy agent's short run."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -291,20 +292,29 @@ presets:
 """
 
 
-@pytest.fixture
-def toy(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def toy_agent(tmp_path, monkeypatch):
+    """The toy agent registered (its module and yaml in a folder on the registry's path), removed after."""
     folder = tmp_path / "more_agents"
     folder.mkdir()
     (folder / "toy.py").write_text(TOY)
     (folder / "toy.yaml").write_text(TOY_PRESETS)
     monkeypatch.setattr(agents, "__path__", [*agents.__path__, str(folder)])
     monkeypatch.setattr(agents, "OPTIONS", agents._register())  # what importing the registry does
-    yield
-    repo = ConfigStore.instance().repo
-    for option in ("toy.yaml", "toy_wide.yaml"):
-        repo["agent"].pop(option, None)
-    repo["_agent_by_env"].pop("toy", None)
-    sys.modules.pop("agents.toy", None)
+    try:
+        yield
+    finally:
+        repo = ConfigStore.instance().repo
+        for option in ("toy.yaml", "toy_wide.yaml"):
+            repo["agent"].pop(option, None)
+        repo["_agent_by_env"].pop("toy", None)
+        sys.modules.pop("agents.toy", None)
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    with toy_agent(tmp_path, monkeypatch):
+        yield
 
 
 def test_a_new_agent_is_its_module_and_one_yaml(toy, tmp_path):
@@ -329,6 +339,8 @@ def test_a_new_agent_is_its_module_and_one_yaml(toy, tmp_path):
     assert run(cfg, tmp_path / "run")["env_steps"] == 400
 
 
-def test_the_toy_agent_leaves_nothing_behind():
+def test_the_toy_agent_leaves_nothing_behind(tmp_path):
     """The toy fixture removes its options again (they are global in hydra's ConfigStore)."""
+    with pytest.MonkeyPatch.context() as monkeypatch, toy_agent(tmp_path, monkeypatch):
+        assert "toy" in group_choices("agent") and "toy" in agents.OPTIONS
     assert "toy" not in group_choices("agent") and "toy" not in agents.OPTIONS
