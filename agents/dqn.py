@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from buffers.nstep import make_nstep_buffer
-from buffers.priorities import importance_weights
+from buffers.priority_math import importance_weights
 from rl.infra import sharding
 from rl.learning.agent import StepFormat, standard_step_spec
 from rl.learning.exploration import epsilon_greedy

@@ -11,7 +11,7 @@
   state is reset where an episode starts (as the actor's was), n-step returns stop at episode ends, only
   `terminated` ends a return without bootstrap, and TD errors whose n-step window would need a value past
   a truncation or past the newest stored step are masked out of the loss and the priority.
-* Priorities: eta * max|td| + (1 - eta) * mean|td| over the trained steps (buffers/priorities.py), written
+* Priorities: eta * max|td| + (1 - eta) * mean|td| over the trained steps (buffers/priority_math.py), written
   back with `buffer.set_priorities` inside the same `train_step` that receives the (donated) buffer state;
   importance weights with exponent `importance_exponent` (0 switches them off).
 * Exploration: Ape-X per-actor epsilons eps_i = eps_base^(1 + alpha * i / (N - 1)) over the N envs.
@@ -32,7 +32,7 @@ import numpy as np
 import optax
 import rlax
 
-from buffers.priorities import importance_weights, sequence_priority
+from buffers.priority_math import importance_weights, sequence_priority
 from buffers.sequences import make_sequence_buffer
 from rl.infra import sharding
 from rl.learning.agent import StepFormat, episode_done, standard_step_spec

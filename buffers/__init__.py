@@ -22,8 +22,8 @@ from buffers.checks import BufferInputError
 from buffers.clustered import ClusteredBuffer, make_clustered_buffer
 from buffers.flat import FlatBuffer, make_flat_buffer
 from buffers.nstep import NStepBuffer, make_nstep_buffer
-from buffers.priorities import importance_weights, sequence_priority
 from buffers.prioritised import PrioritisedBuffer, make_prioritised_buffer
+from buffers.priority_math import importance_weights, sequence_priority
 from buffers.rows import RowBuffer, make_row_buffer
 from buffers.sequences import SequenceBuffer, make_sequence_buffer
 

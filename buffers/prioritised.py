@@ -25,7 +25,7 @@ from flax import struct
 
 from buffers import checks, sumtree
 from buffers.flat import FlatBuffer, gather_rows
-from buffers.priorities import clean_priorities
+from buffers.priority_math import clean_priorities
 
 PyTree = Any
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks, sumtree
-from buffers.priorities import clean_priorities
+from buffers.priority_math import clean_priorities
 from buffers.rows import RowState
 from buffers.starts import SequenceRules, Starts
 

@@ -11,7 +11,7 @@ metrics (rl/runners/loop.py).
   `NonFiniteError` at the end of the chunk, naming the metric and the env step, without checkpointing the
   state (the last checkpoint on disk is the last finite one).
 * `mode="skip"`: a non-finite update is dropped (the agent state before it is kept; the buffer's writes,
-  e.g. priorities, are kept: a non-finite priority counts as 0, see buffers/priorities.py); the share of
+  e.g. priorities, are kept: a non-finite priority counts as 0, see buffers/priority_math.py); the share of
   dropped updates per chunk is logged as `train/skipped`, and `bad` reports nothing.
 """
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from buffers import sumtree
 from buffers.checks import BufferInputError
-from buffers.priorities import importance_weights, sequence_priority
 from buffers.prioritised import make_prioritised_buffer
+from buffers.priority_math import importance_weights, sequence_priority
 
 CAP, MIN, ALPHA, SAMPLE_B = 7, 2, 0.6, 6
 BATCHES = (3, CAP)
