@@ -66,6 +66,9 @@ def test_cartpole_pole_and_cart_follow_the_state():
     assert centre([0, 0, 0.2, 0], pole) > 165 and centre([0, 0, -0.2, 0], pole) < 155
     assert abs(centre([0, 0, 0, 0], pole) - 160) < 2 and abs(centre([0, 0, 0, 0], cart, above_track) - 160) < 2
     assert abs(centre([1.2, 0, 0, 0], cart, above_track) - 240) < 2
+    frame = draw(np.zeros(4, np.float32))
+    black_rows = np.nonzero(np.all(frame[:, :40] == 0, axis=(1, 2)))[0]  # left of the cart: only the track
+    assert black_rows.tolist() == [180]
 
 
 def test_mountaincar_car_sits_at_its_position_on_the_hill():

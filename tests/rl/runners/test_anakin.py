@@ -117,6 +117,7 @@ def test_blocked_loop_and_split_calls_equal_one_straight_call(tiny_cfg):
     cfg = tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")
     ref = Anakin(cfg, agent=CountingAgent(3))
     assert (ref.block, ref.select, ref.learn_iter) == (1, False, 3)  # CPU; 6 env steps an iteration, training from the 3rd
+    assert ref.train_from == 12  # env steps collected before the first train step (iterations 1 and 2)
     expected = _run_in_pieces(ref, [20])
     for block, select, pieces in [(1, False, [1, 4, 15]), (1, True, [20]), (4, True, [20]), (4, True, [2, 11, 7]),
                                   (8, False, [5, 15])]:
