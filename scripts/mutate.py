@@ -316,6 +316,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the PNG's resolution: no plotted value changes",
     ("rl/envs/video.py", "frames.append(draw(np.asarray(obs[0])))  # the next episode's first observation", "plus_one"):
         "the video plays one env and obs is a JAX array of that 1 row: JAX clamps index 1 to 0",
+    ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
+        "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
      "plus_one"):
         "the fill marks rows no entry wrote: any negative fill loses every max and equals no entry index",
