@@ -316,6 +316,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the PNG's resolution: no plotted value changes",
     ("rl/envs/video.py", "frames.append(draw(np.asarray(obs[0])))  # the next episode's first observation", "plus_one"):
         "the video plays one env and obs is a JAX array of that 1 row: JAX clamps index 1 to 0",
+    ("rl/nets/conv.py", "cols = jnp.stack(taps, axis=-2).reshape(taps[0].shape[:-1] + (kh * kw * c,))", "plus_one"):
+        "every tap has the same shape: taps[1].shape is taps[0].shape",
+    ("rl/envs/video.py", "score += float(r.score[0])", "minus_one"):
+        "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
