@@ -320,6 +320,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "every tap has the same shape: taps[1].shape is taps[0].shape",
     ("rl/envs/video.py", "score += float(r.score[0])", "minus_one"):
         "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
+    ("agents/r2d2.py", "return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))",
+     "args_swapped"):
+        "at init the target network is a copy of the online one: the two are equal, so swapping them changes nothing",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
