@@ -323,6 +323,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("agents/r2d2.py", "return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))",
      "args_swapped"):
         "at init the target network is a copy of the online one: the two are equal, so swapping them changes nothing",
+    ("buffers/rows.py", "abs_steps = rows.written[jnp.clip(env_ids, 0, num_envs - 1)]", "minus_one"):
+        "only an entry outside [0, E) reads another row's count, and it writes nothing (row E): its abs step is unused",
+    ("rl/learning/pbt.py", "first = jnp.arange(returns.shape[0]) * seeds  # a member's values: those of its first row",
+     "minus_one"):
+        "returns is one-dimensional ([members]): shape[-1] is shape[0]",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
