@@ -58,3 +58,22 @@ def test_non_finite_negative_and_out_of_range_priorities(period):
     np.testing.assert_allclose(float(sumtree.total(state.weights.tree)), w.sum(), rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(buf.buf.priorities(state, slots))[:6], [0, 0, 0, 0, 0, 0])
     check_sequences(buf.sample(state, jax.random.key(1), 64), ref, w)
+
+
+def test_every_priority_zero_samples_nothing():
+    """Data stored but every start's priority 0 (or cleaned to 0): nothing can be sampled, and a sample call
+    returns no valid step and zero probabilities, as from an empty buffer."""
+    cfg = {"period": 1, "priority_exponent": 1.0}
+    buf, ref = jitted(make_sequence_buffer(E, T, L, **cfg)), SeqRef(cfg)
+    state, rng = buf.init(PROTO), np.random.default_rng(0)
+    for _ in range(T + 2):
+        ids = np.arange(E, dtype=np.int32)
+        steps = make_steps(ref, ids, rng, done_p=0.0)
+        state = buf.add(state, steps, ids)
+        ref.add(steps, ids)
+    assert bool(buf.can_sample(state))
+    slots = np.arange(E * T, dtype=np.int32)
+    state = buf.set_priorities(state, slots, np.where(slots % 2, 0.0, np.nan).astype(np.float32))
+    s = buf.sample(state, jax.random.key(0), 16)
+    assert not bool(buf.can_sample(state))
+    assert not np.asarray(s.mask).any() and not np.asarray(s.probabilities).any()
