@@ -330,6 +330,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "returns is one-dimensional ([members]): shape[-1] is shape[0]",
     ("rl/infra/logging.py", "data[k] = float(v[0])", "minus_one"):
         "the branch for a run of one row: v has length 1, v[-1] is v[0]",
+    ("rl/learning/pbt.py", ("value = jnp.where(source != jnp.arange(returns.shape[0]), jnp.clip(value, lo, hi), "
+                            "agent.hparams[k][first])"), "minus_one"):
+        "returns is one-dimensional ([members]): shape[-1] is shape[0]",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",

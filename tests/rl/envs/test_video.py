@@ -69,6 +69,8 @@ def test_cartpole_pole_and_cart_follow_the_state():
     frame = draw(np.zeros(4, np.float32))
     black_rows = np.nonzero(np.all(frame[:, :40] == 0, axis=(1, 2)))[0]  # left of the cart: only the track
     assert black_rows.tolist() == [180]
+    pole_rows = np.nonzero(np.all(frame == pole, -1))[0]  # upright: from the axle, 12 px above the track, up
+    assert pole_rows.max() <= 180 - 12 + 3 and pole_rows.min() < 180 - 12 - 40
 
 
 def test_mountaincar_car_sits_at_its_position_on_the_hill():
