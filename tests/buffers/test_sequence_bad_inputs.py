@@ -35,12 +35,8 @@ def test_out_of_range_and_repeated_env_ids(cfg):
     check_sequences(sample(state, jax.random.key(0), 64), ref, w)
 
 
-@pytest.mark.parametrize("period", [1, 2])  # sum tree over every slot / over aligned slots only
-def test_non_finite_negative_and_out_of_range_priorities(period):
-    """NaN, +-inf and negative priorities count as 0 and slots outside [0, E*T) are ignored, as in the flat
-    prioritised buffer (a NaN or negative priority used to make the tree total NaN: can_sample False and
-    garbage samples; slot -1 used to write the last leaf's priority without its tree leaf)."""
-    cfg = {"period": period, "priority_exponent": 0.5}
+def _filled(cfg: dict):
+    """A sequence buffer of `cfg` and its reference after T + 2 steps of every env (no episode ends)."""
     buf, ref = jitted(make_sequence_buffer(E, T, L, **cfg)), SeqRef(cfg)
     state, rng = buf.init(PROTO), np.random.default_rng(0)
     for _ in range(T + 2):
@@ -48,6 +44,15 @@ def test_non_finite_negative_and_out_of_range_priorities(period):
         steps = make_steps(ref, ids, rng, done_p=0.0)
         state = buf.add(state, steps, ids)
         ref.add(steps, ids)
+    return buf, ref, state
+
+
+@pytest.mark.parametrize("period", [1, 2])  # sum tree over every slot / over aligned slots only
+def test_non_finite_negative_and_out_of_range_priorities(period):
+    """NaN, +-inf and negative priorities count as 0 and slots outside [0, E*T) are ignored, as in the flat
+    prioritised buffer (a NaN or negative priority used to make the tree total NaN: can_sample False and
+    garbage samples; slot -1 used to write the last leaf's priority without its tree leaf)."""
+    buf, ref, state = _filled({"period": period, "priority_exponent": 0.5})
     slots = np.array([0, 2, 4, 6, 8, -1, E * T, 10], np.int32)
     p = np.array([np.nan, np.inf, -np.inf, -3.0, 0.0, 50.0, 50.0, 4.0], np.float32)
     state = buf.set_priorities(state, slots, p)
@@ -63,14 +68,7 @@ def test_non_finite_negative_and_out_of_range_priorities(period):
 def test_every_priority_zero_samples_nothing():
     """Data stored but every start's priority 0 (or cleaned to 0): nothing can be sampled, and a sample call
     returns no valid step and zero probabilities, as from an empty buffer."""
-    cfg = {"period": 1, "priority_exponent": 1.0}
-    buf, ref = jitted(make_sequence_buffer(E, T, L, **cfg)), SeqRef(cfg)
-    state, rng = buf.init(PROTO), np.random.default_rng(0)
-    for _ in range(T + 2):
-        ids = np.arange(E, dtype=np.int32)
-        steps = make_steps(ref, ids, rng, done_p=0.0)
-        state = buf.add(state, steps, ids)
-        ref.add(steps, ids)
+    buf, _, state = _filled({"period": 1, "priority_exponent": 1.0})
     assert bool(buf.can_sample(state))
     slots = np.arange(E * T, dtype=np.int32)
     state = buf.set_priorities(state, slots, np.where(slots % 2, 0.0, np.nan).astype(np.float32))
