@@ -164,9 +164,11 @@ def test_two_process_training_matches_one_process(tmp_path):
         out, _ = p.communicate(timeout=600)
         assert p.returncode == 0, out[-3000:]
     single = np.genfromtxt(tmp_path / "single" / "metrics.csv", delimiter=",", skip_header=1)
-    for i in range(2):
-        multi = np.genfromtxt(tmp_path / str(i) / "metrics.csv", delimiter=",", skip_header=1)
-        np.testing.assert_allclose(multi, single, rtol=1e-4, atol=1e-6, equal_nan=True)
+    multi = np.genfromtxt(tmp_path / "0" / "metrics.csv", delimiter=",", skip_header=1)
+    np.testing.assert_allclose(multi, single, rtol=1e-4, atol=1e-6, equal_nan=True)
+    # one run dir (process 0's) and one set of metrics: process 1 adds its console lines only
+    assert (tmp_path / "0" / "train.1.log").read_text().strip()
+    assert not (tmp_path / "1" / "metrics.csv").exists()
 
 
 def test_single_device_is_the_plain_path():
