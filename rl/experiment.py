@@ -43,12 +43,14 @@ from omegaconf import DictConfig, OmegaConf
 from agents import agent_config, make_agent, population_bounds, population_keys
 from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
 from rl.envs import env_config, make_source, runner_of
-from rl.infra import checkpoint, memory
+from rl.infra import checkpoint, memory, xla_cpu
 from rl.learning.pbt import PBTConfig, pbt_config
 from rl.learning.population import Population
 from rl.learning.population import members as population_members
 from rl.runners import loop
 from rl.runners.replay_ratio import ReplayRatio
+
+xla_cpu.unroll_threefry()  # same random bits, fewer kernels on CPU (rl/infra/xla_cpu.py)
 
 
 def validate(cfg: DictConfig):

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rl.config import compose
 from rl.experiment import build, run
 from rl.infra import checkpoint
-from rl.runners.guard import NonFiniteError
+from rl.runners.guard import NonFiniteError, all_finite
 from tests.conftest import TINY_DQN
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,6 +39,21 @@ def _restore(run_dir, cfg):
 # --- non-finite values -------------------------------------------------------------------------------
 NAN_RUN = [*TINY_DQN, "total_steps=1600", "log_interval=400", "checkpoint.interval=400",
            "agent.learning_starts=500", "agent.optim.lr=inf"]  # the first update makes the params inf
+
+
+def test_all_finite_finds_one_bad_element_in_any_leaf_and_no_false_alarm():
+    """The guard's parameter check (one fused sum of `x * 0`), jitted: a single NaN, +Inf or -Inf anywhere in any
+    float leaf (bf16 included) is found; huge finite values whose plain sum overflows are not an alarm; int
+    leaves are ignored."""
+    check = jax.jit(all_finite)
+    tree = {"w": jnp.ones((120, 84)), "b": jnp.zeros(84, jnp.bfloat16), "n": jnp.arange(5), "s": jnp.float32(2.0)}
+    assert bool(check(tree))
+    for leaf, index in (("w", (119, 83)), ("b", (3,)), ("s", ())):
+        for bad in (jnp.nan, jnp.inf, -jnp.inf):
+            broken = {**tree, leaf: tree[leaf].at[index].set(bad)}
+            assert not bool(check(broken)), (leaf, bad)
+    assert bool(check({"w": jnp.full((1000,), 3e38), "v": jnp.full((7,), -3e38)}))
+    assert bool(check({"n": jnp.arange(3)}))
 
 
 def test_nonfinite_stops_naming_metric_and_step_keeping_last_finite_checkpoint(tmp_path):

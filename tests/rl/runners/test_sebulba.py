@@ -75,7 +75,9 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
         trunc = ~reset & ~term & (rng.random(M) < 0.1)
         recv = Recv(obs=obs, reward=reward, terminated=term, truncated=trunc, env_id=ids,
                     score=reward, episode_over=term | trunc)
+        before = tracker
         tracker, actions, row = rollout._act(tracker, agent_state, recv, jax.random.PRNGKey(t))
+        assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(before))  # the tracker is donated
         actions = np.asarray(actions)
         for j, e in enumerate(ids):
             if not reset[j]:
@@ -88,8 +90,12 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
     assert len(orders) > T // 2  # the recv order really varied
     chunk = rollout._stack(rows)
     totals = learner.zero_totals(agent_state, buffer_state)
+    donated = (agent_state, buffer_state, key, totals)
     agent_state, buffer_state, key, totals = learner.update(agent_state, buffer_state, key, totals, chunk,
                                                             np.bool_(True), np.int32(0), np.int32(0))
+    # The learner updates its state, the buffer, key and totals in place (donated); the chunk is only read.
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(donated))
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(chunk))
     data, written = rows_of(buffer_state)
     for e in range(E):
         assert written[e] == len(ref[e]), f"env {e}: {written[e]} steps written, reference has {len(ref[e])}"
