@@ -39,7 +39,8 @@ EQUIVALENT run (equivalent ones met on the way are printed with their reason and
 gives the same sample of the same code. A mutant runs the fast tests (`-m "not slow"`, `-x`, one pytest
 process with `-n 0`: xdist workers cost more than they save on 2 shared cores) of the test files that
 import its module, its own `test_<module>.py` first; TESTS_OF names them for modules tested through
-another one and for the few that most of the suite imports.
+another one and for the few that most of the suite imports; ALSO_TESTS adds the multi-process tests, which run
+the Sebulba and distributed modules in subprocesses.
 
 Never part of the default test suite (this is a script, not a test module).
 """
@@ -283,6 +284,13 @@ TESTS_OF: dict[str, tuple[str, ...]] = {
     "rl/learning/target_update.py": ("tests/agents/test_dqn.py", "tests/agents/test_muesli.py"),
     "rl/runners/totals.py": ("tests/rl/runners/test_runner_options.py", "tests/rl/runners/test_faults.py", "tests/rl/runners/test_resume.py"),
 }
+# Test files that run a module in subprocesses (several jax processes) without importing it: run after the
+# files that import it.
+ALSO_TESTS: dict[str, tuple[str, ...]] = {
+    path: ("tests/rl/infra/test_multiprocess.py",)
+    for path in ("rl/runners/sebulba.py", "rl/runners/sebulba_learner.py", "rl/runners/sebulba_actor.py",
+                 "rl/infra/distributed.py", "rl/runners/loop.py")
+}
 
 # Mutants that cannot change behaviour, keyed by (file, the stripped source line, operator), with the reason.
 # A line holding the same operator twice is one key: both of its mutants are listed as equivalent.
@@ -296,6 +304,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
         "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
+    ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):
+        "the loop's extra iterations (only when n >= steps) slice stop_p/term_p past step T-2: only the zero "
+        "padding, which changes neither `ok` nor `alive`",
+    ("rl/runners/sebulba.py", ("return evaluate(self.agent, agent_state, self.env_cfg, episodes, "
+                               "int(self.cfg.seed) + 10**6, key,"), "plus_one"):
+        "any large offset keeps the evaluation's env seeds apart from the training envs' (seed + i)",
     ("agents/r2d2.py", "q_target = jax.lax.stop_gradient(q_target)", "stop_gradient_dropped"):
         "q_target depends on target_params only and the loss is differentiated w.r.t. the online params alone",
     ("rl/runners/loop.py", 'eval_every = int(cfg.get("eval_interval", 0))', "plus_one"):  # (code of a5f3235)
@@ -614,6 +628,7 @@ def test_map(tree: Path, paths: list[str]) -> dict[str, list[str]]:
         files = [f for f, names in imports.items() if module_of(path) in names]
         out[path] = list(TESTS_OF[path]) if path in TESTS_OF else sorted(
             files, key=lambda f: Path(f).stem != f"test_{Path(path).stem}")
+        out[path] += [f for f in ALSO_TESTS.get(path, ()) if f not in out[path]]
     return out
 
 

@@ -191,6 +191,7 @@ class Anakin:
         collect_only = jnp.clip(self.learn_iter - 1 - it, 0, num_iters)
         c = _repeat(functools.partial(self._iteration, train=False), collect_only, (s, it, totals), self.block)
         s, it, totals = self._train_iterations(c, num_iters - collect_only)
+        totals = guard.check_state(totals, s.agent, it * self.steps_per_iter)
         return sharding.constrain(s, self.state_shardings), it, totals
 
     def _train_iterations(self, carry, n: jax.Array):

@@ -69,7 +69,7 @@ class Learner:
         ep = chunk.episodes
         ended = (ep.ended & write).astype(jnp.float32)
         totals = totals.add_episodes(ended.sum(), (ep.score * ended).sum(), (ep.length * ended).sum())
-        return agent_state, buffer_state, key, totals
+        return agent_state, buffer_state, key, guard.check_state(totals, agent_state, env_steps)
 
     @property
     def train_from(self) -> int:

@@ -162,6 +162,11 @@ def test_randint_below_is_uniform_and_in_range(chi_square):
             assert chi_square(np.bincount(x, minlength=n), np.ones(n)) > 1e-4
     per_slot = np.asarray(draw(jax.random.key(0), (4, 50_000), jnp.array([[1], [2], [3], [5]])))
     assert [int(r.max()) for r in per_slot] == [0, 1, 2, 4]
+    # Exactly floor(n * X / 2**64) with X = hi * 2**32 + lo from the key's two words of bits (Python ints).
+    key, n = jax.random.key(5), 2**31 - 1
+    bits = np.asarray(jax.random.bits(key, (2, 64), jnp.uint32)).astype(object)
+    expected = [(n * ((int(hi) << 32) + int(lo))) >> 64 for hi, lo in zip(bits[0], bits[1])]
+    assert np.asarray(draw(key, (64,), n)).tolist() == expected
 
 
 def test_scan_matches_python_loop():

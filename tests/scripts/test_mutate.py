@@ -124,5 +124,8 @@ def test_a_library_file_maps_to_the_test_files_that_import_it(tmp_path):
     assert tests["rl/learning/targets.py"] == ["tests/rl/learning/test_targets.py"]
     assert mutate.imported("from a.b import c, d as e\nimport f.g\ndef h():\n    from i import j\n") == {
         "a.b", "a.b.c", "a.b.d", "f.g", "i", "i.j"}
-    for path, files in mutate.TESTS_OF.items():  # the table follows the tree
+    for path, files in (*mutate.TESTS_OF.items(), *mutate.ALSO_TESTS.items()):  # the tables follow the tree
         assert (mutate.ROOT / path).is_file() and all((mutate.ROOT / f).is_file() for f in files), path
+    sebulba = mutate.test_map(mutate.ROOT, ["rl/runners/sebulba.py"])["rl/runners/sebulba.py"]
+    # the importing tests, then the multi-process tests that run it in subprocesses
+    assert sebulba[0] == "tests/rl/runners/test_sebulba.py" and sebulba[-1] == "tests/rl/infra/test_multiprocess.py"

@@ -65,3 +65,24 @@ def test_cli_refusal_is_one_line_and_leaves_no_run_dir(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("config error: this run needs about"), proc.stderr
     assert not out.exists()
+
+
+def test_available_host_memory_reads_meminfo_else_physical_memory(monkeypatch):
+    """On CPU: MemAvailable of /proc/meminfo (kB -> bytes); where it cannot be read, the physical memory."""
+    import builtins
+    import io
+
+    real_open = builtins.open
+    fake = "MemTotal:       24000000 kB\nMemAvailable:   12345678 kB\n"
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: io.StringIO(fake) if f == "/proc/meminfo"
+                        else real_open(f, *a, **k))
+    assert memory.available() == (12345678 * 1024, "available host memory")
+
+    def refuse(f, *a, **k):
+        if f == "/proc/meminfo":
+            raise OSError("no procfs")
+        return real_open(f, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory.available() == (physical, "host memory") and physical > 2**30

@@ -226,6 +226,7 @@ def test_the_actor_runs_at_most_queue_size_chunks_ahead(queue_size):
         t0 = time.perf_counter()
         with runner.session(state, 0) as session:
             actor = session.actors.threads[0]
+            assert actor.daemon  # an error in the main thread exits the process; it never waits on a blocked actor
             deadline = time.monotonic() + 60
             while actor.blocked_s < 0.3:
                 assert actor.error is None and time.monotonic() < deadline, "the actor never blocked"
