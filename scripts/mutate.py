@@ -304,6 +304,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
         "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
+    ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
+        "minimum is symmetric",
+    ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
+        "the gymnax video steps one env: every step array has length 1, [-1] is [0]",
     ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):
         "the loop's extra iterations (only when n >= steps) slice stop_p/term_p past step T-2: only the zero "
         "padding, which changes neither `ok` nor `alive`",

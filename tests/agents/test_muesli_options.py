@@ -401,3 +401,15 @@ def test_optim_adamw_eps_and_weight_decay_reach_the_update(problem, loss_grads):
     g = flat(loss_grads[1])
     assert np.median(np.abs(g[g != 0])) < 0.5
     assert_update(delta, -0.01 * (g / (np.abs(g) + 0.5) + 0.5 * params))
+
+
+@pytest.mark.parametrize("key", ["hidden_sizes", "impala_channels", "model_hidden", "head_hidden", "cnn_dense",
+                                 "state_dim"])
+def test_network_sizes_must_be_positive(key):
+    """Every layer size of `agent.network` is refused at 0 (one line naming the section), accepted at 1."""
+    from agents.muesli.networks import MuesliNetworkConfig
+
+    value = lambda v: v if key in ("cnn_dense", "state_dim") else [v]
+    with pytest.raises(ValueError, match=r"agent.network layer sizes must be positive"):
+        MuesliNetworkConfig(**{key: value(0)})
+    MuesliNetworkConfig(**{key: value(1)})

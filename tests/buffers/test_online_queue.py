@@ -18,6 +18,8 @@ CONFIGS = [
     {"online_window": W, "length_power": 1.0},  # counted weights (no sum tree)
     {"online_window": W, "cross_episodes": False, "length_power": 1.0, "priority_exponent": 0.8},
     {"online_window": W, "period": 2, "start": "episode"},
+    # sum-tree weights with aligned starts only (T a multiple of the period: one leaf per period)
+    {"online_window": W, "period": 3, "priority_exponent": 0.8, "length_power": 1.0},
 ]
 
 

@@ -242,6 +242,16 @@ def test_scan_and_vmap_match_single_steps():
     jax.tree.map(lambda b, s: np.testing.assert_allclose(b, s, rtol=1e-6), state_scan, at(batched[0], 0))
 
 
+def test_add_and_sample_is_add_batch_then_sample():
+    state = BUF.add_batch(BUF.init(PROTO), make_items(0, 5))
+    key, items = jax.random.key(3), make_items(5, 4)
+    fused_state, fused = jax.jit(lambda s, i, k: BUF.add_and_sample(s, i, k, SAMPLE_B))(state, items, key)
+    expected_state = BUF.add_batch(state, items)
+    expected = BUF.sample(expected_state, key, SAMPLE_B)
+    jax.tree.map(np.testing.assert_array_equal, fused_state, expected_state)
+    jax.tree.map(np.testing.assert_array_equal, fused, expected)
+
+
 def test_donated_step_keeps_storage_and_tree_in_place():
     buf = make_prioritised_buffer(20_000)
     state = buf.init(PROTO)

@@ -134,3 +134,22 @@ def test_bad_video_input_is_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "a.gif").exists()
     with pytest.raises(ConfigError, match="no video for gymnax env MemoryChain-bsuite: .*CartPole-v1"):
         video.check_env(env_config({"source": "gymnax", "id": "MemoryChain-bsuite"}))
+
+
+def test_envpool_video_records_whole_episodes_and_their_returns():
+    """envpool CartPole, a policy that always pushes left: one frame per recv (each episode's frames, then the
+    next episode's first), and each return is the episode's length (reward 1 per step), 8-11 steps here."""
+    import jax.numpy as jnp
+
+    class Left:
+        def initial_carry(self, n):
+            return ()
+
+        def act(self, obs, carry, key):
+            return jnp.zeros(obs.shape[0], jnp.int32), carry
+
+    clip = video.record(env_config({"source": "envpool", "id": "CartPole-v1"}), Left(), episodes=3, seed=0)
+    assert len(clip.returns) == 3 and all(8 <= r <= 11 for r in clip.returns), clip.returns
+    # frames: every episode's reset observation and its steps, up to the step that ended the third
+    assert len(clip.frames) == sum(r + 1 for r in clip.returns)
+    assert clip.frames.ndim == 4 and clip.frames.shape[-1] == 3

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rl.config import ConfigError, to_dataclass
-from rl.nets.networks import MLP, NetworkConfig, QHead, _ConvTorso, make_q_network, make_torso
+from rl.nets.networks import MLP, NetworkConfig, QHead, _ConvTorso, channels_first, make_q_network, make_torso
 
 
 def _init_apply(net, obs):
@@ -39,6 +39,15 @@ def test_torso_by_rank_and_leading_dims(shape, dtype, kind, convs):
 ])
 def test_auto_torso_reads_the_smaller_spatial_side_in_either_layout(shape, convs):
     assert len(make_torso(shape, NetworkConfig()).convs) == convs
+
+
+@pytest.mark.parametrize("shape, first", [
+    ((4, 84, 84), True), ((3, 10, 10), True), ((84, 84, 4), False), ((10, 10, 4), False),
+    ((4, 84, 3), False),  # a 4-pixel-high strip of 3 channels: the first side is not below both others
+    ((20, 84, 84), False),  # more than 16 leading "channels": a spatial side
+])
+def test_channels_first_needs_a_few_channels_below_both_spatial_sides(shape, first):
+    assert channels_first(shape) is first
 
 
 def test_nature_cnn_layout_and_scaling():
@@ -79,6 +88,8 @@ def test_q_network_shapes():
     ({"torso": "resnet"}, "network.torso"),
     ({"activation": "swish2"}, "network.activation"),
     ({"hidden_sizes": [0]}, "positive"),
+    ({"head_hidden": [4, 0]}, "positive"),
+    ({"cnn_dense": 0}, "positive"),
     ({"hiden_sizes": [3]}, "hiden_sizes"),
 ])
 def test_bad_network_config(section, match):
