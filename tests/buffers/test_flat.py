@@ -242,7 +242,8 @@ def test_compiled_donated_add_and_sample_is_in_place(hlo):
     rep = hlo.in_place_report(
         jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0)).compile(), state
     )
-    assert rep["whiles"] and all(hlo.is_threefry_loop(w) for w in rep["whiles"]), rep["whiles"]
+    # jax rolls threefry into a loop on CPU unless rl/infra/xla_cpu.py unrolled it in this process: no other loop
+    assert all(hlo.is_threefry_loop(w) for w in rep["whiles"]), rep["whiles"]
     assert rep["copies"] == [] and rep["aliased"]
     # The detector flags copies: without donation the storage is copied; a concatenating write rebuilds it.
     rep = hlo.in_place_report(

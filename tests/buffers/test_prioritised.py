@@ -277,7 +277,8 @@ def test_compiled_learner_step_is_in_place(hlo):
 
     assert report(step) == {"whiles": [], "copies": [], "passes": [], "aliased": True, "temp_ok": True}
     rep = report(step, jax.random.key(0))
-    assert rep["whiles"] and all(hlo.is_threefry_loop(w) for w in rep["whiles"]) and not rep["copies"]
+    # threefry loops only (none where rl/infra/xla_cpu.py unrolled threefry in this process)
+    assert all(hlo.is_threefry_loop(w) for w in rep["whiles"]) and not rep["copies"]
 
     # Many steps in one jitted loop (where a copy per step would be a cliff): still no capacity-sized copy.
     def loop(state, key):
