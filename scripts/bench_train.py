@@ -14,9 +14,9 @@ the buffer) and the learner side (the agent's guarded
 t_learner = train-step seconds / (num_envs * train_interval), the ceiling of a loop that does one after the
 other is 1 / (t_actor + t_learner) env steps per second (times seeds); the run's SPS is printed as a
 fraction of it (close to 1: nothing left to gain without overlapping or shrinking the halves; the run's
-iterations before `learning_starts` do not train, so a short run can exceed 1). The last line of output
-is one JSON object `{"agent", "env", "seeds", "sps", "ceiling_sps", "ceiling_fraction", "baseline_ratio"}`
-for the last seed count (`baseline_ratio` only with the PureJaxRL-style DQN baseline).
+iterations before `learning_starts` do not train, so a short run can exceed 1). The last lines of output
+are one JSON object per seed count, in order: `{"agent", "env", "seeds", "sps", "ceiling_sps",
+"ceiling_fraction", "baseline_ratio"}` (`baseline_ratio` only with the PureJaxRL-style DQN baseline).
 
 With `agent=dqn` the PureJaxRL DQN CartPole hyperparameters are applied (`--no-preset` keeps the config's
 own): 10 envs, buffer 10k, batch 64, a gradient step every 10 env steps (every vector step), target copy
@@ -362,12 +362,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"SPS {b['sps']:12,.0f}  last episode return {np.mean(b['return']):.1f}", flush=True)
             print(f"           ratio ours / purejaxrl-style: {r['sps'] / b['sps']:.2f}x", flush=True)
         results.append(r)
-    last = results[-1]
-    record = {"agent": agent, "env": env, "seeds": last["seeds"], "sps": last["sps"],
-              "ceiling_sps": last.get("ceiling_sps"), "ceiling_fraction": last.get("ceiling_fraction")}
-    if "baseline" in last:
-        record["baseline_ratio"] = last["sps"] / last["baseline"]["sps"]
-    print(json.dumps(record), flush=True)  # the last line: machine-readable
+    for r in results:  # the last lines, one per seed count: machine-readable
+        record = {"agent": agent, "env": env, "seeds": r["seeds"], "sps": r["sps"],
+                  "ceiling_sps": r.get("ceiling_sps"), "ceiling_fraction": r.get("ceiling_fraction")}
+        if "baseline" in r:
+            record["baseline_ratio"] = r["sps"] / r["baseline"]["sps"]
+        print(json.dumps(record), flush=True)
     return results
 
 
