@@ -251,8 +251,11 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
                 before, totals, partial = int(partial["start"]), totals_lib.from_json(partial["totals"]), None
             until = min((before // log_every + 1) * log_every, total)
             while env_steps < until:
-                step_to, watch.signum = distributed.agree(pace.next_until(env_steps, until), watch.signum)
-                if watch.signum is not None:
+                # Never assign the answer to `watch.signum`: a signal that lands while this process waits
+                # in the agreement would be overwritten; it is carried to the next one instead.
+                step_to, stop = distributed.agree(pace.next_until(env_steps, until), watch.signum)
+                if stop is not None:
+                    watch.signum = watch.signum or stop
                     break
                 t0, start = time.perf_counter(), env_steps
                 state, env_steps, totals = session.advance(state, env_steps, step_to, totals)
@@ -291,7 +294,9 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
         try:
             state, env_steps, last, ckpt, partial = _train(cfg, runner, logger, state, env_steps, watch, ckpt,
                                                            partial)
-            watch.signum = distributed.agree(env_steps, watch.signum)[1]  # one that came after the last call
+            # A signal that came after the last call stops every process here; one landing during this last
+            # agreement is answered by finishing (every process must take the same branch below).
+            watch.signum = distributed.agree(env_steps, watch.signum)[1]
             if ckpt is None or ckpt.name != str(env_steps):
                 with watch.saving():
                     ckpt = _save(cfg, logger, env_steps, state, partial) or ckpt

@@ -187,6 +187,31 @@ def test_signal_inside_a_log_interval_keeps_its_sums_and_resumes_bit_exact(tmp_p
     assert (tmp_path / "straight" / "metrics.csv").read_text() == (stopped / "metrics.csv").read_text()
 
 
+def test_signal_while_processes_agree_is_not_lost(tmp_path, monkeypatch):
+    """A SIGTERM that lands while the host loop waits in `distributed.agree` (where a process of a multi-process
+    run spends its time waiting for the others) stops the run after the next call; it used to be overwritten
+    by the agreement's answer, computed before it came, and the run went on to the end."""
+    from rl.infra import distributed
+    from rl.runners import loop
+    from rl.runners.loop import Preempted
+
+    monkeypatch.setattr(loop, "SUBCHUNK_S", 1e-9)  # every call: one iteration
+    calls, agree = [], distributed.agree
+
+    def signalled_while_waiting(until, signum):
+        out = agree(until, signum)
+        calls.append(out[0])
+        if len(calls) == 30:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside the agreement
+        return out
+
+    monkeypatch.setattr(distributed, "agree", signalled_while_waiting)
+    with pytest.raises(Preempted):
+        run(compose([*TINY_DQN, "total_steps=4000", "log_interval=2000"]), tmp_path / "run")
+    # The 30th agreement's call (4 env steps each) runs, the 31st agreement stops every process.
+    assert checkpoint.latest_step(tmp_path / "run") == 30 * 4 == calls[30] - 1
+
+
 def test_ctrl_c_is_answered_within_seconds_whatever_the_log_interval(tmp_path):
     """One log interval of 50M env steps (minutes of work): Ctrl-C stops the run after the sub-chunk in
     progress, well within a minute, with a checkpoint inside the interval."""
