@@ -114,10 +114,11 @@ def _positive(cfg: DictConfig, key: str, minimum: int = 1) -> None:
         raise ConfigError(f"`{key}` must be an integer >= {minimum}, got {value!r}")
 
 
-def check_top_level(cfg: DictConfig) -> None:
-    """Check the keys every run shares (not `agent`/`env`: rl.experiment.validate checks those)."""
+def check_top_level(cfg: DictConfig) -> TrainConfig:
+    """Check the keys every run shares; returns them typed, with `agent` and `env` left empty
+    (rl.experiment.validate types those)."""
     top = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("agent", "env")}
-    to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
+    typed = to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
     for key in ("seeds", "total_steps", "num_envs", "log_interval"):
         _positive(cfg, key)
     for key in ("seed", "eval_episodes", "checkpoint.interval"):
@@ -132,6 +133,7 @@ def check_top_level(cfg: DictConfig) -> None:
     mode = OmegaConf.select(cfg, "logger.wandb.mode")
     if mode not in WANDB_MODES:
         raise ConfigError(f"`logger.wandb.mode` must be one of {WANDB_MODES}, got {mode!r}")
+    return typed
 
 
 def _diff(before: Any, now: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

@@ -41,7 +41,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent, population_bounds, population_keys
-from rl.config import ConfigError, check_resumable, check_top_level, compose, resume_config
+from rl.config import ConfigError, TrainConfig, check_resumable, check_top_level, compose, resume_config
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory, xla_cpu
 from rl.learning.pbt import PBTConfig, pbt_config
@@ -53,11 +53,12 @@ from rl.runners.replay_ratio import ReplayRatio
 xla_cpu.unroll_threefry()  # same random bits, fewer kernels on CPU (rl/infra/xla_cpu.py)
 
 
-def validate(cfg: DictConfig):
-    """Check the whole composed config once, before anything is built: `(agent config, env config)` as
-    their typed dataclasses (a `ConfigError` naming the key otherwise)."""
-    check_top_level(cfg)
-    return agent_config(cfg.agent), env_config(cfg.env)
+def validate(cfg: DictConfig) -> TrainConfig:
+    """Check the whole composed config once, before anything is built: the config typed once, as
+    `rl.config.TrainConfig` with its `agent` and `env` sections as their dataclasses (the agent's config,
+    the source's `EnvConfig`); a `ConfigError` naming the key otherwise. Runners take this, never the raw
+    config."""
+    return dataclasses.replace(check_top_level(cfg), agent=agent_config(cfg.agent), env=env_config(cfg.env))
 
 
 def _make_agent(agent_cfg, source, total_steps: int, num_envs: int):
@@ -102,28 +103,29 @@ def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict
 def build(cfg: DictConfig):
     """The runner for `cfg` (validated first): its env source, the agent built for its spaces (a `Population`
     of it where `cfg.population` names one)."""
-    agent_cfg, env_cfg = validate(cfg)
+    typed = validate(cfg)
+    agent_cfg, env_cfg = typed.agent, typed.env
     member_values, member_overrides, pbt = _members(cfg, agent_cfg, env_cfg)
     # Sebulba with several processes: `num_envs` envs per process, seeded apart, each with its buffer rows.
     processes = jax.process_count() if runner_of(env_cfg) == "sebulba" else 1
-    seed = int(cfg.seed) + jax.process_index() * int(cfg.num_envs) * (processes > 1)
-    source = make_source(env_cfg, int(cfg.num_envs), seed=seed)  # built once, handed to the runner
+    seed = typed.seed + jax.process_index() * typed.num_envs * (processes > 1)
+    source = make_source(env_cfg, typed.num_envs, seed=seed)  # built once, handed to the runner
     try:
-        agent = _make_agent(agent_cfg, source, int(cfg.total_steps), source.num_envs * processes)
+        agent = _make_agent(agent_cfg, source, typed.total_steps, source.num_envs * processes)
     except ValueError as e:  # settings the env's spaces cannot take (a torso for other observations, ...)
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
                           f"{source.num_actions} actions)") from None
     if member_values:
-        agent = Population(agent, member_values, int(cfg.seeds), member_overrides, pbt=pbt,
+        agent = Population(agent, member_values, typed.seeds, member_overrides, pbt=pbt,
                            bounds=population_bounds(agent_cfg.name))
     if runner_of(env_cfg) == "sebulba":
         from rl.runners.sebulba import Sebulba
 
-        return Sebulba(cfg, agent, source)
+        return Sebulba(typed, agent, source)
     from rl.runners.anakin import Anakin
 
-    return Anakin(cfg, agent, source)
+    return Anakin(typed, agent, source)
 
 
 def _unfinished(run_dir: Path) -> bool:
@@ -273,9 +275,6 @@ class Policy:
 def load_policy(run_dir: str | Path, seed: int = 0) -> Policy:
     """The evaluation policy of seed index `seed` (of the run's vmapped seeds) from the run's newest checkpoint."""
     _, runner, state = _restored(run_dir)
-    sebulba = isinstance(state, dict)  # Sebulba: one seed; Anakin: (runner state, iteration), leaves [S, ...]
-    seeds = 1 if sebulba else runner.num_seeds  # a population's rows: member m seed j is m * seeds + j
-    if not 0 <= seed < seeds:
-        raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{seeds - 1}")
-    agent_state = state["agent"] if sebulba else jax.tree_util.tree_map(lambda x: x[seed], state[0].agent)
-    return Policy(runner.agent, jax.device_put(agent_state, jax.devices()[0]))
+    if not 0 <= seed < runner.num_seeds:  # a population's rows: member m seed j is m * seeds + j
+        raise ConfigError(f"seed={seed}: the run in {run_dir} trained seeds 0..{runner.num_seeds - 1}")
+    return Policy(runner.agent, jax.device_put(runner.agent_state(state, seed), jax.devices()[0]))

@@ -124,13 +124,13 @@ def pipeline_sps(task: str, num_envs: int, batch: int, seconds: float, xla: bool
         warm_from = None
         while warm_from is None or time.perf_counter() - warm_from < warm:
             state, env_steps, _ = session.advance(state, env_steps, env_steps + 1)  # one actor chunk
-            jax.block_until_ready(state["agent"])
+            jax.block_until_ready(state.agent)
             if warm_from is None and env_steps >= thr:
                 warm_from = time.perf_counter()
         start, end = mark(), None
         while end is None or end[0] - start[0] < seconds or end[1] - start[1] < 3 * runner.steps_per_chunk:
             state, env_steps, _ = session.advance(state, env_steps, env_steps + 1)
-            jax.block_until_ready(state["agent"])
+            jax.block_until_ready(state.agent)
             end = mark()
     wall = end[0] - start[0]
     if stats is not None:

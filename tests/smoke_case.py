@@ -34,7 +34,7 @@ SETTINGS = {
 
 
 def updates(state) -> int:
-    agent = state[0].agent if isinstance(state, tuple) else state["agent"]
+    agent = state[0].agent if isinstance(state, tuple) else state.agent
     return int(np.min(np.asarray(agent.updates)))
 
 

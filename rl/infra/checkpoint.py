@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +119,19 @@ def read_meta(path: str | Path) -> dict:
         return dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
 
 
+def _spelled_alike(path: str) -> str:
+    """A leaf path with dict keys spelled as attributes (`['agent']` -> `.agent`): a state kept as a dict
+    before and as a dataclass now (Sebulba's, until Nov 2026) has the same leaves in the same order."""
+    return re.sub(r"\['(\w+)'\]", r".\1", path)
+
+
 def restore(path: str | Path, target: Any) -> tuple[Any, dict]:
     """The newest checkpoint under `path` restored into `target`'s structure; returns `(state, meta)`."""
     directory, step = _require(path)
     meta = read_meta(path)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(target)]
     saved = meta.pop("leaf_paths", paths)
-    if saved != paths:
+    if [_spelled_alike(p) for p in saved] != [_spelled_alike(p) for p in paths]:
         diff = sorted(set(saved) ^ set(paths))[:8] or ["(same leaves, different order)"]
         raise ValueError(f"checkpoint in {directory / str(step)} does not match the state to restore; "
                          f"differing leaves: {diff}")

@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from omegaconf import DictConfig
 
+from rl.config import TrainConfig
 from rl.envs import make_source
 from rl.envs.episodes import EpisodeStats
 from rl.infra import sharding
@@ -75,26 +75,26 @@ class Anakin:
 
     cheap_eval = True  # greedy episodes vmapped inside jit (rl/runners/evaluate.py)
 
-    def __init__(self, cfg: DictConfig, agent, source=None):
-        """`agent` follows rl/learning/agent.py, built for the spaces of `source` (`rl.envs.make_source(cfg.env,
-        cfg.num_envs)`, built here when not given)."""
+    def __init__(self, cfg: TrainConfig, agent, source=None):
+        """`cfg`: the typed config (`rl.experiment.validate`); `agent` follows rl/learning/agent.py, built for
+        the spaces of `source` (`rl.envs.make_source(cfg.env, cfg.num_envs)`, built here when not given)."""
         self.cfg = cfg
         self.members = agent.members if isinstance(agent, Population) else 1
         self.pbt = agent.pbt if isinstance(agent, Population) else None  # rl/learning/pbt.py PBTConfig or None
         self.lineage = None  # where PBT events go: `write(env_steps, source, returns, hparams)` (per member)
-        self.num_seeds = self.members * int(cfg.seeds)  # rows of the seed axis
-        self.source = source if source is not None else make_source(cfg.env, int(cfg.num_envs))
+        self.num_seeds = self.members * cfg.seeds  # rows of the seed axis
+        self.source = source if source is not None else make_source(cfg.env, cfg.num_envs)
         self.num_envs = self.source.num_envs
         self.agent = agent
-        self.train_step = guard.guard(agent.train_step, cfg.get("on_nonfinite", "stop"))
+        self.train_step = guard.guard(agent.train_step, cfg.on_nonfinite)
         ratio = ReplayRatio.of(agent, self.num_envs)  # one train step per iteration from learn_iter on
         self.steps_per_iter = ratio.env_steps_per_update
         self.learn_iter = ratio.first_update // self.steps_per_iter
-        self.total_iters = math.ceil(int(cfg.total_steps) / self.steps_per_iter)
+        self.total_iters = math.ceil(cfg.total_steps / self.steps_per_iter)
         self.train_from = (self.learn_iter - 1) * self.steps_per_iter  # env steps before the first train step
         # Several devices (cfg.mesh): same program, state placed by rl/infra/sharding.py; the host loop runs
         # under `session`, i.e. `sharding.use_mesh(self.mesh)`. One device: mesh and shardings are None.
-        self.mesh = sharding.mesh_from_config(cfg.get("mesh"))
+        self.mesh = sharding.mesh_from_config(cfg.mesh)
         sharding.check_divisible(self.mesh, seeds=self.num_seeds, num_envs=self.num_envs)
         self.state_shardings = None if self.mesh is None else sharding.runner_shardings(
             self.mesh, jax.eval_shape(self._init_all, jnp.arange(self.num_seeds)))
@@ -121,13 +121,13 @@ class Anakin:
         # lax.map, not vmap: no batched LAPACK calls at init (see the module docstring).
         s = jax.lax.map(lambda s: self._init_one(jax.random.PRNGKey(s)), seeds)
         if self.pbt is not None:
-            s = s.replace(pbt=jax.vmap(pbt_lib.PBTState.zeros)(jnp.arange(self.num_seeds) // int(self.cfg.seeds)))
+            s = s.replace(pbt=jax.vmap(pbt_lib.PBTState.zeros)(jnp.arange(self.num_seeds) // self.cfg.seeds))
         return s.replace(agent=self.agent.assign(s.agent)) if isinstance(self.agent, Population) else s
 
     def init(self) -> tuple[RunnerState, jax.Array]:
         """Initial state of all rows (seed j uses PRNGKey(cfg.seed + j), in every member) and the iteration
         counter."""
-        seeds = int(self.cfg.seed) + jnp.arange(self.num_seeds) % int(self.cfg.seeds)
+        seeds = self.cfg.seed + jnp.arange(self.num_seeds) % self.cfg.seeds
         state = sharding.init_sharded(self._init_all, self.state_shardings, seeds)
         return state, jnp.zeros((), jnp.int32)
 
@@ -224,7 +224,7 @@ class Anakin:
     def _pbt_event(self, s: RunnerState, it: jax.Array) -> RunnerState:
         """The PBT event after iteration `it`: exploit/explore on the rows' agent states and hyperparameters
         (their buffers, envs and keys untouched)."""
-        agent, pbt = pbt_lib.event(s.agent, s.pbt, pbt_lib.event_key(int(self.cfg.seed), it), int(self.cfg.seeds),
+        agent, pbt = pbt_lib.event(s.agent, s.pbt, pbt_lib.event_key(self.cfg.seed, it), self.cfg.seeds,
                                    self.pbt.quantile, self.pbt.perturb, self.agent.bounds)
         return s.replace(agent=agent, pbt=pbt)
 
@@ -238,7 +238,7 @@ class Anakin:
         """Hand the event just taken to `lineage`: per member its source, the return ranked, new values."""
         if self.lineage is None:
             return
-        seeds = int(self.cfg.seeds)
+        seeds = self.cfg.seeds
         source, recent, hparams = jax.device_get((s.pbt.source, s.pbt.recent, s.agent.hparams))
         self.lineage.write(env_steps, np.asarray(source)[::seeds], np.asarray(recent).reshape(-1, seeds).mean(1),
                            {k: np.asarray(v)[::seeds] for k, v in hparams.items()})
@@ -279,6 +279,10 @@ class Anakin:
             if count == event:
                 self._record_event(s, count * self.steps_per_iter)
         return (s, it), count * self.steps_per_iter, totals
+
+    def agent_state(self, state, row: int):
+        """Row `row`'s agent state (no seed axis)."""
+        return jax.tree_util.tree_map(lambda x: x[row], state[0].agent)
 
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy returns `[S, episodes]` of every row."""

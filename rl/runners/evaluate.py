@@ -1,8 +1,14 @@
-"""Evaluation: run the agent's evaluation policy (`act(..., explore=False)`) for K whole episodes.
+"""Greedy evaluation, one home for both kinds of source: the agent's evaluation policy
+(`act(..., explore=False)`, online parameters) plays one whole episode in each of the K envs of a fresh
+source; an env's return stops counting at the end of its first episode; an episode not over within the
+step cap is NaN (recv sources) or counted up to the cap (jitted sources, which stop when all are over).
 
-* `evaluate(agent, agent_state, source, key)`: K = `source.num_envs` episodes in parallel, one per env,
-  inside jit; returns returns `[K]` and lengths `[K]`. `seeds_evaluator(agent, source)`: vmapped over
-  seeds, jitted once.
+* `evaluate(agent, agent_state, source, key)`: a source with pure `reset`/`step` (gymnax), K =
+  `source.num_envs` episodes in parallel inside jit; returns returns `[K]` and lengths `[K]`.
+  `seeds_evaluator(agent, source)`: vmapped over seeds, jitted once (the Anakin runner's).
+* `evaluate_recvs(agent, agent_state, source, key)`: a source with `recv`/`send` (envpool in sync mode, K =
+  `source.num_envs` = its batch), stepped from the host with a jitted act; returns scores `[K]` (Atari: the
+  game's raw score over all lives). The Sebulba runner's, on a pool it opens for the evaluation.
 
 Saved runs of either source are evaluated by `rl.experiment.evaluate_run` (`python -m scripts.evaluate`).
 """
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl.learning.agent import reset_carry
 
@@ -63,3 +70,43 @@ def seeds_evaluator(agent, source, members: int = 1):
         return jax.vmap(lambda s, k: evaluate(agent, s, source, k))(agent_states, keys)
 
     return fn
+
+
+def evaluate_recvs(agent, agent_state, source, key: jax.Array, max_recvs: int | None = None) -> np.ndarray:
+    """Scores `[K]` of the first episode of each of the K envs of `source` (all in one recv: sync mode),
+    acting with `explore=False`; at most `max_recvs` recvs (default: 2 x the task's episode limit + 10).
+    Closes `source`."""
+    from rl.envs.envpool_tracking import track  # envpool loads only where a recv source is evaluated
+    from rl.runners.sebulba_actor import new_tracker
+
+    episodes = source.num_envs
+    if source.batch_size != episodes:
+        raise ValueError(f"evaluate_recvs needs a sync source (batch_size == num_envs), got "
+                         f"batch_size={source.batch_size}, num_envs={episodes}")
+    limit = max_recvs or 2 * int(source.env.spec.config.max_episode_steps) + 10
+    tracker = new_tracker(agent, agent_state, source, explore=False)
+
+    @jax.jit
+    def step(tracker, recv, key):
+        def act(o, c):
+            return agent.act(agent_state, o, c, key, recv.env_id, explore=False)
+
+        tracker, actions, _, ep = track(tracker, recv, source.observation(recv.obs), act,
+                                        agent.initial_carry(episodes))
+        return tracker, actions, ep
+
+    scores = np.full(episodes, np.nan)
+    source.reset()
+    for i in range(limit):
+        r = source.recv()
+        tracker, actions, ep = step(tracker, r, jax.random.fold_in(key, i))
+        source.send(np.asarray(actions), r.env_id)
+        ep = jax.device_get(ep)
+        for j in np.flatnonzero(ep.ended):
+            e = int(ep.env_id[j])
+            if np.isnan(scores[e]):
+                scores[e] = ep.score[j]
+        if not np.isnan(scores).any():
+            break
+    source.close()
+    return scores

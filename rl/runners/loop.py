@@ -16,6 +16,7 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
         device and donated; None: fresh ones) the per-seed sums and, per metric, the first env step
         where it was NaN/Inf (rl/runners/guard.py)
     evaluate(state, episodes, key) -> np.ndarray     greedy returns `[S, episodes]`
+    agent_state(state, row) -> agent state           one row's agent state, no seed axis (rl.load_policy)
     row_values(state) -> {name: [S]} (optional)      logged with each log's metrics (the current
                                                      hyperparameters of a PBT population's rows)
     cheap_eval: bool                                 evaluate often by default (`eval_interval: null`)?

@@ -19,7 +19,8 @@ the agent). One process; by default two threads and one JAX device (several: see
 * A chunk's train steps run in calls of about `SUBCHUNK_S` seconds (rl/runners/loop.py; one call unless
   they are slow: R2D2 on Atari on a CPU), so a signal is answered between them; the steps still owed for
   the last chunk are part of the state and its env steps are counted once they are done.
-* State (what is checkpointed): `{"agent", "buffer", "key", "actor_key", "owed"}`. Resuming restores them; envs
+* State (what is checkpointed): `SebulbaState` (agent, buffer, learner and actor keys, train steps owed).
+  Resuming restores it; envs
   restart with fresh episodes (envpool has no state to save), so a resumed run continues but is not
   bit-identical, and the last step stored per env before the checkpoint is not marked done.
 * Several actor threads and devices (`env.actor_threads`, `env.actor_devices`, `env.learner_devices`;
@@ -38,8 +39,8 @@ the agent). One process; by default two threads and one JAX device (several: see
   learner devices of every process, its state is global (agent replicated, buffer rows split), each update
   takes one chunk from every process (`make_array_from_process_local_data`), and a chunk's train steps run
   in one call, so every process makes the same calls.
-* `evaluate` plays whole greedy episodes in a fresh sync envpool (Atari: the game's raw score over all
-  lives).
+* `evaluate` plays whole greedy episodes in a fresh sync envpool (rl/runners/evaluate.py: `evaluate_recvs`;
+  Atari: the game's raw score over all lives).
 """
 
 from __future__ import annotations
@@ -50,19 +51,19 @@ import math
 import os
 import time
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from omegaconf import DictConfig
+from flax import struct
 
-from rl.config import ConfigError
-from rl.envs import env_config
+from rl.config import ConfigError, TrainConfig
 from rl.envs.envpool_source import EnvpoolSource, make_source, use_xla
 from rl.infra import sharding
 from rl.runners import loop
+from rl.runners.evaluate import evaluate_recvs
 from rl.runners.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
-from rl.runners.sebulba_eval import evaluate
 from rl.runners.sebulba_learner import Learner
 
 # Donating the learner key or a step counter XLA cannot reuse only warns; the storage is what matters.
@@ -92,20 +93,34 @@ def split_devices(actor_devices: int | None, learner_devices: int | None, device
     return devices[:actor_devices], devices[actor_devices:actor_devices + m]
 
 
+@struct.dataclass
+class SebulbaState:
+    """What a Sebulba run carries and checkpoints (one seed; on the learner devices). Fields in name order:
+    the leaf order of the dict this was before, so older checkpoints restore."""
+
+    actor_key: jax.Array  # the actor threads' key (folded with the env step and process at each start)
+    agent: Any  # the agent's state (rl/learning/agent.py)
+    buffer: Any  # the replay buffer's state, one row per env of every process
+    key: jax.Array  # the learner's key
+    owed: jax.Array  # [] int32: train steps still owed for the last chunk written
+
+
 class Sebulba:
     """The compiled parts of a Sebulba run (see the module docstring)."""
 
     num_seeds = 1
     cheap_eval = False  # a fresh envpool plays whole episodes on the host (minutes of Atari on a CPU)
 
-    def __init__(self, cfg: DictConfig, agent, source: EnvpoolSource):
-        if int(cfg.seeds) != 1:
+    def __init__(self, cfg: TrainConfig, agent, source: EnvpoolSource):
+        """`cfg`: the typed config (`rl.experiment.validate`; `cfg.env` an envpool `EnvConfig`); `agent` built
+        for the spaces of `source`, this process's envpool envs."""
+        if cfg.seeds != 1:
             raise ConfigError(f"the Sebulba (envpool) runner trains one seed per run, got seeds={cfg.seeds}; "
                               "launch one run per seed (e.g. hydra -m seed=0,1,2)")
         self.cfg, self.agent, self.source = cfg, agent, source
         self.processes, self.process = jax.process_count(), jax.process_index()
-        self.env_cfg = env_config(cfg.env)
-        threads = int(self.env_cfg.actor_threads)
+        self.env_cfg = cfg.env
+        threads = self.env_cfg.actor_threads
         num_envs, batch = source.num_envs, source.batch_size
         if num_envs % threads or batch % threads:
             raise ConfigError(f"num_envs={num_envs} and the envs per recv ({batch}, env.batch_size) must both "
@@ -123,7 +138,7 @@ class Sebulba:
         if self.processes > 1 and batch % len(learner):
             raise ConfigError(f"the envs per recv ({batch}, env.batch_size) must be divisible by the "
                               f"{len(learner)} learner devices of each process (env.learner_devices)")
-        self.learner = Learner(agent, num_envs * self.processes, cfg.get("on_nonfinite", "stop"))
+        self.learner = Learner(agent, num_envs * self.processes, cfg.on_nonfinite)
         self.train_from = self.learner.train_from
         xla = use_xla(self.env_cfg)
         if threads == 1:
@@ -135,7 +150,7 @@ class Sebulba:
             per = num_envs // threads
             workers = self.env_cfg.num_threads or os.cpu_count() or 1
             pool_cfg = dataclasses.replace(self.env_cfg, num_threads=max(1, -(-workers // threads)))
-            self.sources = [make_source(pool_cfg, per, seed=int(cfg.seed) + self.process * num_envs + i * per,
+            self.sources = [make_source(pool_cfg, per, seed=cfg.seed + self.process * num_envs + i * per,
                                         batch_size=batch // threads) for i in range(threads)]
         first = self.process * num_envs  # this process's first buffer row (rl/experiment.py seeds its envs so)
         self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=first + i * src.num_envs)
@@ -151,7 +166,9 @@ class Sebulba:
         if self.mesh is None:
             one = jax.sharding.SingleDeviceSharding(self.learner_devices[0])
             return jax.tree_util.tree_map(lambda _: one, state)
-        return {k: sharding.leading_shardings(self.mesh, v, shard_data=k == "buffer") for k, v in state.items()}
+        return SebulbaState(**{f.name: sharding.leading_shardings(self.mesh, getattr(state, f.name),
+                                                                  shard_data=f.name == "buffer")
+                               for f in dataclasses.fields(state)})
 
     def _chunk_sharding(self):
         if self.mesh is None:
@@ -188,14 +205,14 @@ class Sebulba:
 
     # --- host-loop interface (rl/runners/loop.py) ------------------------------------------------------------
     def init(self) -> dict:
-        """Initial `{"agent", "buffer", "key", "actor_key", "owed"}` from `cfg.seed`, on the learner devices."""
-        k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(int(self.cfg.seed)), 3)
+        """The initial `SebulbaState` from `cfg.seed`, on the learner devices."""
+        k_agent, k_learn, k_act = jax.random.split(jax.random.PRNGKey(self.cfg.seed), 3)
         obs = self.source.obs_example()
         if self.processes > 1:  # every process computes the same state, each keeping its shards of it
             def make():
-                return {"agent": self.agent.init(k_agent, obs),
-                        "buffer": self.agent.buffer.init(self.agent.step_prototype(obs)),
-                        "key": k_learn, "actor_key": k_act, "owed": jnp.zeros((), jnp.int32)}
+                return SebulbaState(agent=self.agent.init(k_agent, obs),
+                                    buffer=self.agent.buffer.init(self.agent.step_prototype(obs)),
+                                    key=k_learn, actor_key=k_act, owed=jnp.zeros((), jnp.int32))
 
             self.shardings = self._shardings(jax.eval_shape(make))
             return jax.jit(make, out_shardings=self.shardings)()
@@ -204,8 +221,8 @@ class Sebulba:
         # the whole replay buffer would double the peak memory).
         agent_state = _unshared(jax.jit(self.agent.init)(k_agent, obs))
         buffer_state = _unshared(jax.jit(lambda: self.agent.buffer.init(self.agent.step_prototype(obs)))())
-        return self.place({"agent": agent_state, "buffer": buffer_state, "key": k_learn, "actor_key": k_act,
-                           "owed": jnp.zeros((), jnp.int32)})
+        return self.place(SebulbaState(agent=agent_state, buffer=buffer_state, key=k_learn, actor_key=k_act,
+                                       owed=jnp.zeros((), jnp.int32)))
 
     def restore_target(self):
         target = jax.eval_shape(self.init)
@@ -232,12 +249,12 @@ class Sebulba:
         if self.used:
             raise RuntimeError("a Sebulba runner runs one session (its envpool env cannot be restarted)")
         self.used = True
-        published = self.publish(state["agent"])
+        published = self.publish(state.agent)
         mailboxes = {d: Mailbox(v) for d, v in published.items()}
         threads = len(self.rollouts)
         to_learner = self._to_learner()
         # A fresh actor stream per (re)start (the envs restart anyway) and per process.
-        key = jax.random.fold_in(jax.random.fold_in(self._local(state["actor_key"]), env_steps), self.process)
+        key = jax.random.fold_in(jax.random.fold_in(self._local(state.actor_key), env_steps), self.process)
         actors = []
         for i, rollout in enumerate(self.rollouts):
             device = self.actor_devices[i % len(self.actor_devices)]
@@ -257,11 +274,15 @@ class Sebulba:
         if group.error is not None:
             raise RuntimeError("the Sebulba actor thread failed") from group.error
 
+    def agent_state(self, state: SebulbaState, row: int = 0):
+        """The agent state (one seed: `row` 0)."""
+        return state.agent
+
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy scores `[1, episodes]`."""
-        agent_state = jax.device_put(self._local(self.copy(state["agent"])), self.actor_devices[0])
-        return evaluate(self.agent, agent_state, self.env_cfg, episodes, int(self.cfg.seed) + 10**6, key,
-                        self.env_cfg.eval_max_steps)[None]
+        agent_state = jax.device_put(self._local(self.copy(state.agent)), self.actor_devices[0])
+        pool = make_source(self.env_cfg, episodes, seed=self.cfg.seed + 10**6, batch_size=episodes)  # sync
+        return evaluate_recvs(self.agent, agent_state, pool, key, self.env_cfg.eval_max_steps)[None]
 
 
 class _Session:
@@ -280,8 +301,8 @@ class _Session:
         state (`owed`: train steps still owed for the last chunk taken, whose env steps are counted once they
         are done), the env steps reached and `totals` (rl/runners/totals.py; None: fresh ones; donated)."""
         r, learner = self.runner, self.runner.learner
-        agent, buffer, key = state["agent"], state["buffer"], state["key"]
-        owed = int(state["owed"])
+        agent, buffer, key = state.agent, state.buffer, state.key
+        owed = int(state.owed)
         t_start = time.perf_counter()
         with sharding.use_mesh(r.mesh):
             totals = learner.zero_totals(agent, buffer) if totals is None else totals
@@ -320,7 +341,7 @@ class _Session:
         owed_now = jnp.asarray(owed, jnp.int32)
         if r.processes > 1:  # a global array like the rest of the state (checkpoints save global arrays)
             owed_now = sharding.from_host(np.int32(owed), sharding.replicated(r.mesh))
-        return {**state, "agent": agent, "buffer": buffer, "key": key, "owed": owed_now}, env_steps, totals
+        return state.replace(agent=agent, buffer=buffer, key=key, owed=owed_now), env_steps, totals
 
     def stats(self) -> dict:
         return {**self.actors.stats(), "learner_update_s": self.update_s, "chunks": self.chunks}

@@ -174,8 +174,9 @@ def _agent_with(*overrides):
 @pytest.mark.parametrize("env", ENVS)
 @pytest.mark.parametrize("agent", AGENT_OPTIONS)
 def test_every_agent_env_pair_validates(agent, env):
-    typed_agent, typed_env = validate(_cfg(agent, env))
-    assert typed_agent.name in AGENTS and typed_env.id
+    typed = validate(_cfg(agent, env))
+    assert typed.agent.name in AGENTS and typed.env.id
+    assert type(typed.env).__module__.endswith(f"{typed.env.source}_source")  # the source's own EnvConfig
 
 
 @pytest.mark.parametrize("agent", AGENT_OPTIONS)

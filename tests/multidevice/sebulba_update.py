@@ -55,16 +55,16 @@ def main(out: str, overrides: list[str]) -> None:
     distributed.initialize(cfg.distributed)
     runner = build(cfg)
     state = runner.init()
-    init = runner.copy(state["agent"].params)
+    init = runner.copy(state.agent.params)
     chunk = local_chunk(runner)
     to_learner = runner._to_learner()
     chunk = to_learner(chunk) if to_learner is not None else chunk
     learner = runner.learner
     with sharding.use_mesh(runner.mesh):
-        totals = learner.zero_totals(state["agent"], state["buffer"])
+        totals = learner.zero_totals(state.agent, state.buffer)
         if runner.mesh is not None:
             totals = jax.device_put(totals, runner._chunk_sharding())
-        args = (state["agent"], state["buffer"], state["key"], totals, chunk, np.bool_(True), np.int32(5),
+        args = (state.agent, state.buffer, state.key, totals, chunk, np.bool_(True), np.int32(5),
                 np.int32(1000))
         hlo = learner.update.lower(*args).compile().as_text()
         agent, *_ = learner.update(*args)

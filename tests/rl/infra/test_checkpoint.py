@@ -52,3 +52,19 @@ def test_mismatch_and_missing(tmp_path):
     checkpoint.save(tmp_path, 1, {"a": jnp.zeros(3)}, {})
     with pytest.raises(ValueError, match="does not match"):
         checkpoint.restore(tmp_path, {"b": jnp.zeros(3)})
+
+
+def test_a_state_saved_as_a_dict_restores_into_the_dataclass_that_replaced_it(tmp_path):
+    """Sebulba's state was a dict `{"actor_key", "agent", ...}` and is now `SebulbaState` with the same fields
+    in the same (name) order: its older checkpoints restore; other names are still refused."""
+    from rl.runners.sebulba import SebulbaState
+
+    old = {"actor_key": jax.random.PRNGKey(1), "agent": {"params": jnp.arange(3.0)}, "buffer": jnp.ones((2, 2)),
+           "key": jax.random.PRNGKey(2), "owed": jnp.asarray(3, jnp.int32)}
+    checkpoint.save(tmp_path, 5, old, {})
+    state, _ = checkpoint.restore(tmp_path, jax.eval_shape(lambda: SebulbaState(**old)))
+    assert isinstance(state, SebulbaState) and int(state.owed) == 3
+    _assert_equal(state, SebulbaState(**old))
+    renamed = {**{k: v for k, v in old.items() if k != "owed"}, "owing": old["owed"]}
+    with pytest.raises(ValueError, match="does not match"):
+        checkpoint.restore(tmp_path, jax.eval_shape(lambda: renamed))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from buffers.sequences import make_sequence_buffer
-from rl.experiment import build, run
+from rl.experiment import build, run, validate
 from rl.runners.anakin import Anakin, _repeat
 
 
@@ -65,7 +65,7 @@ class CountingAgent:
 
 def test_recurrent_carry_is_reset_on_done(tiny_cfg):
     cfg = tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")
-    runner = Anakin(cfg, agent=CountingAgent(3))
+    runner = Anakin(validate(cfg), agent=CountingAgent(3))
     state, it = runner.init()
     state, it, out = runner.chunk(state, it, runner.zero_totals(state), runner.total_iters)
     data = state.buffer.rows.data
@@ -115,13 +115,13 @@ def test_blocked_loop_and_split_calls_equal_one_straight_call(tiny_cfg):
     """Accelerators run the chunk as blocks of known trip count plus the rest (`block`); both, and calls
     split across the start of training, give the one straight call's state and totals bit for bit."""
     cfg = tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")
-    ref = Anakin(cfg, agent=CountingAgent(3))
+    ref = Anakin(validate(cfg), agent=CountingAgent(3))
     assert (ref.block, ref.select, ref.learn_iter) == (1, False, 3)  # CPU; 6 env steps an iteration, training from the 3rd
     assert ref.train_from == 12  # env steps collected before the first train step (iterations 1 and 2)
     expected = _run_in_pieces(ref, [20])
     for block, select, pieces in [(1, False, [1, 4, 15]), (1, True, [20]), (4, True, [20]), (4, True, [2, 11, 7]),
                                   (8, False, [5, 15])]:
-        runner = Anakin(cfg, agent=CountingAgent(3))
+        runner = Anakin(validate(cfg), agent=CountingAgent(3))
         runner.block, runner.select = block, select  # read when the chunk is traced
         got = _run_in_pieces(runner, pieces)
         for x, y in zip(_leaves(expected), _leaves(got)):
@@ -153,7 +153,7 @@ class WaitingAgent(CountingAgent):
 
 
 def test_train_steps_wait_until_the_buffer_can_sample(tiny_cfg):
-    runner = Anakin(tiny_cfg("num_envs=3", "seeds=2", "total_steps=120"), agent=WaitingAgent(3))
+    runner = Anakin(validate(tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")), agent=WaitingAgent(3))
     state, _, totals = _run_in_pieces(runner, [20])
     # 6 env steps per iteration: 42 stored after the 7th, so iterations 7..20 train.
     np.testing.assert_array_equal(np.asarray(state.agent["updates"]), [14, 14])
@@ -164,7 +164,7 @@ def test_train_steps_wait_until_the_buffer_can_sample(tiny_cfg):
 
 def test_accelerator_chunk_has_no_conditional(tiny_cfg):
     """No `lax.cond` in the accelerators' loop: on a GPU each costs a device-to-host copy of its predicate."""
-    runner = Anakin(tiny_cfg("num_envs=3", "seeds=2", "total_steps=120"), agent=CountingAgent(3))
+    runner = Anakin(validate(tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")), agent=CountingAgent(3))
     runner.block, runner.select = 32, True  # what an accelerator backend sets
     state, it = runner.init()
     hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()

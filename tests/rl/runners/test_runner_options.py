@@ -19,7 +19,7 @@ import pytest
 from buffers.rows import RowBuffer
 from rl.config import compose
 from rl.envs.gymnax_source import Timestep
-from rl.experiment import build
+from rl.experiment import build, validate
 from rl.infra import checkpoint
 from rl.infra.logging import RunLogger
 from rl.runners import anakin, loop
@@ -257,7 +257,7 @@ def test_run_length_log_rows_seeds_envs_and_eval_episodes(tmp_path, corridor):
     env steps, `seeds=2` vmapped streams of `num_envs=4` buffer rows (12 steps each), and `eval_episodes=3`
     greedy episodes per seed."""
     cfg = anakin_cfg("seeds=2", "total_steps=45", "log_interval=8", "eval_episodes=3")
-    res = run_loop(cfg, Anakin(cfg, ExploringAgent(4)), tmp_path)
+    res = run_loop(cfg, Anakin(validate(cfg), ExploringAgent(4)), tmp_path)
     assert res["env_steps"] == 48
     rows = read_csv(tmp_path / "metrics.csv")
     assert [(int(r["env_steps"]), int(r["seed"])) for r in rows] == [(s, i) for s in range(8, 49, 8) for i in (0, 1)]
@@ -273,8 +273,8 @@ def test_seed_starts_each_seeds_stream(monkeypatch):
     """Seed i of a run uses PRNGKey(seed + i): seed=5's second stream is seed=6's first (env reset and
     runner key), and differs from its first."""
     monkeypatch.setattr(anakin, "make_source", lambda env_cfg, n: TableSource(np.zeros((1, n)), np.zeros((1, n))))
-    two = Anakin(anakin_cfg("seeds=2", "seed=5"), VersionAgent(4))
-    one = Anakin(anakin_cfg("seeds=1", "seed=6"), VersionAgent(4))
+    two = Anakin(validate(anakin_cfg("seeds=2", "seed=5")), VersionAgent(4))
+    one = Anakin(validate(anakin_cfg("seeds=1", "seed=6")), VersionAgent(4))
     (s2, _), (s1, _) = two.init(), one.init()
     offsets = np.asarray(s2.env["offset"])  # drawn from each seed's env reset key
     assert offsets[1] == np.asarray(s1.env["offset"])[0] and offsets[0] != offsets[1]
@@ -286,15 +286,15 @@ def test_checkpoint_enabled_interval_and_keep(tmp_path, corridor):
     newest holds the final state); `checkpoint.enabled=false` writes none."""
     common = ("total_steps=48", "log_interval=8", "checkpoint.interval=16")
     cfg = anakin_cfg(*common, "checkpoint.enabled=true", "checkpoint.keep=3")
-    res = run_loop(cfg, Anakin(cfg, VersionAgent(4)), tmp_path / "on")
+    res = run_loop(cfg, Anakin(validate(cfg), VersionAgent(4)), tmp_path / "on")
     ckpts = tmp_path / "on" / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [16, 32, 48]
     assert res["checkpoint"] == str(ckpts / "48")
-    state, meta = checkpoint.restore(tmp_path / "on", Anakin(cfg, VersionAgent(4)).restore_target())
+    state, meta = checkpoint.restore(tmp_path / "on", Anakin(validate(cfg), VersionAgent(4)).restore_target())
     assert meta["env_steps"] == 48 and int(state[0].agent["version"][0]) == 12
 
     cfg = anakin_cfg(*common, "checkpoint.enabled=false")
-    res = run_loop(cfg, Anakin(cfg, VersionAgent(4)), tmp_path / "off")
+    res = run_loop(cfg, Anakin(validate(cfg), VersionAgent(4)), tmp_path / "off")
     assert res["checkpoint"] is None and not (tmp_path / "off" / "checkpoints").exists()
 
 
@@ -312,9 +312,9 @@ def test_on_nonfinite_stops_or_skips(tmp_path, corridor):
     common = ("total_steps=48", "log_interval=8")
     cfg = anakin_cfg(*common, "on_nonfinite=stop")
     with pytest.raises(NonFiniteError, match="train metric `loss` became non-finite .* at env step 16"):
-        run_loop(cfg, Anakin(cfg, NaNAgent(4)), tmp_path / "stop")
+        run_loop(cfg, Anakin(validate(cfg), NaNAgent(4)), tmp_path / "stop")
     cfg = anakin_cfg(*common, "on_nonfinite=skip")
-    res = run_loop(cfg, Anakin(cfg, NaNAgent(4)), tmp_path / "skip")
+    res = run_loop(cfg, Anakin(validate(cfg), NaNAgent(4)), tmp_path / "skip")
     assert int(res["state"][0].agent["version"][0]) == 3
     skipped = [float(r["train/skipped"]) for r in read_csv(tmp_path / "skip" / "metrics.csv")]
     assert skipped == [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
@@ -354,7 +354,7 @@ def test_logged_episode_means_match_a_hand_computation(tmp_path, monkeypatch):
         ends[t, e] = kind
     monkeypatch.setattr(anakin, "make_source", lambda env_cfg, n: TableSource(rewards, ends))
     cfg = anakin_cfg("num_envs=3", "seeds=2", f"total_steps={T * E}", f"log_interval={CHUNK * E}")
-    res = run_loop(cfg, Anakin(cfg, VersionAgent(E)), tmp_path)
+    res = run_loop(cfg, Anakin(validate(cfg), VersionAgent(E)), tmp_path)
     offsets = np.asarray(res["state"][0].env["offset"])
     assert offsets[0] != offsets[1]
     rows = read_csv(tmp_path / "metrics.csv")
@@ -387,7 +387,7 @@ def test_anakin_evaluation_is_greedy_and_stops_counting_at_the_episode_end(monke
     """`Anakin.evaluate`, as the host loop calls it with `eval_episodes`: every seed plays one greedy
     episode in each of `episodes` fresh envs."""
     monkeypatch.setattr(anakin, "make_source", lambda env_cfg, n: CorridorSource(n))
-    runner = Anakin(anakin_cfg("num_envs=2", "seeds=2"), ExploringAgent(2))
+    runner = Anakin(validate(anakin_cfg("num_envs=2", "seeds=2")), ExploringAgent(2))
     returns = runner.evaluate(runner.init(), 5, jax.random.PRNGKey(0))
     np.testing.assert_array_equal(returns, [[2, 3, 4, 5, 6]] * 2)
 
@@ -396,12 +396,12 @@ def test_anakin_evaluation_is_greedy_and_stops_counting_at_the_episode_end(monke
 MESH_PROBE = """
 import json
 from rl.runners import anakin
-from tests.rl.runners.test_runner_options import Anakin, CorridorSource, VersionAgent, anakin_cfg
+from tests.rl.runners.test_runner_options import Anakin, CorridorSource, VersionAgent, anakin_cfg, validate
 anakin.make_source = lambda env_cfg, n: CorridorSource(n)
 out = {}
 for name, over in {"all": [], "one": ["mesh.devices=1"], "two": ["mesh.devices=2"],
                    "seed2": ["mesh.devices=4", "mesh.seed_devices=2"]}.items():
-    runner = Anakin(anakin_cfg("seeds=2", *over), VersionAgent(4))
+    runner = Anakin(validate(anakin_cfg("seeds=2", *over)), VersionAgent(4))
     shardings = runner.state_shardings  # where init() puts the state (None: on the default device)
     out[name] = {"mesh": None if runner.mesh is None else dict(runner.mesh.shape),
                  "buffer_devices": None if shardings is None else

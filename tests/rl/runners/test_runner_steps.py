@@ -14,6 +14,7 @@ import pytest
 from buffers.sequences import make_sequence_buffer
 from rl.config import compose
 from rl.envs import make_source
+from rl.experiment import validate
 from rl.learning.agent import episode_done
 from rl.runners.anakin import Anakin
 from rl.runners.sebulba import Sebulba
@@ -79,7 +80,7 @@ def check_rows(data, written, limit: int = LIMIT):
 def test_anakin_writes_the_steps_and_the_carry_before_acting():
     cfg = compose(["agent=dqn", "env=cartpole", f"+env.params.max_steps_in_episode={LIMIT}", "logger=none",
                    "num_envs=3", "seeds=2", "total_steps=300"])
-    runner = Anakin(cfg, RecordingAgent(3, 128))
+    runner = Anakin(validate(cfg), RecordingAgent(3, 128))
     state, it = runner.init()
     state, it, _ = runner.chunk(state, it, runner.zero_totals(state), runner.total_iters)
     for s in range(2):
@@ -92,8 +93,8 @@ def test_sebulba_writes_the_steps_and_the_carry_before_acting(xla):
     cfg = compose(["agent=dqn", "env=envpool/cartpole", f"env.max_episode_steps={LIMIT}", "logger=none",
                    "num_envs=6", "env.batch_size=3", "env.recvs_per_chunk=8", f"env.xla={xla}"])
     source = make_source(cfg.env, 6, seed=0)
-    runner = Sebulba(cfg, RecordingAgent(6, 256), source)
+    runner = Sebulba(validate(cfg), RecordingAgent(6, 256), source)
     state = runner.init()
     with runner.session(state, 0) as session:
         state, steps, _ = session.advance(state, 0, 1200)
-    check_rows(state["buffer"].rows.data, np.asarray(state["buffer"].rows.written))
+    check_rows(state.buffer.rows.data, np.asarray(state.buffer.rows.written))

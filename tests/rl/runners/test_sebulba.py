@@ -135,7 +135,7 @@ def test_host_loop_pipeline_rows_follow_cartpole_dynamics():
     with runner.session(runner.init(), 0, learn=False) as session:
         state, env_steps, out = session.advance(runner.init(), 0, 4096)
     assert env_steps == 4096
-    rows = transitions_per_env(state["buffer"])
+    rows = transitions_per_env(state.buffer)
     check_cartpole_rows(rows)
     written = sum(len(r) for r in rows.values())
     dones = sum(int(t[3] or t[4]) for r in rows.values() for t in r)
@@ -173,19 +173,19 @@ def test_dqn_cartpole_smoke_with_resume(tmp_path):
     res = run_train(tmp_path / "a", "total_steps=3072", "eval_episodes=2", *common)
     assert res["env_steps"] == 3072 and res["checkpoint"].endswith("/3072")
     # The XLA-handle actor wrote every env's steps in order, while the learner trained on them.
-    check_cartpole_rows(transitions_per_env(res["state"]["buffer"]), max_steps=500)
+    check_cartpole_rows(transitions_per_env(res["state"].buffer), max_steps=500)
     history = read_metrics(tmp_path / "a" / "metrics.csv")
     assert [int(r["env_steps"]) for r in history] == [1024, 2048, 3072]
     assert all(float(r["episodes"]) > 0 for r in history)
     assert all(np.isfinite(float(r["train/loss"])) for r in history[1:])
     assert len(res["eval_returns"][0]) == 2
     # Resume: continues from the checkpoint's step and agent state (update counter), same metric history.
-    updates = int(res["state"]["agent"].updates)
+    updates = int(res["state"].agent.updates)
     res2 = run_train(tmp_path / "b", "total_steps=4096", f"resume={tmp_path / 'a'}", "eval_episodes=0", *common)
     assert res2["env_steps"] == 4096 and res2["run_dir"] == str(tmp_path / "a")
     history2 = read_metrics(tmp_path / "a" / "metrics.csv")
     assert [int(r["env_steps"]) for r in history2] == [1024, 2048, 3072, 4096]
-    assert int(res2["state"]["agent"].updates) == updates + 1024 // 16
+    assert int(res2["state"].agent.updates) == updates + 1024 // 16
 
 
 def test_dqn_pong_smoke(tmp_path):
@@ -197,7 +197,7 @@ def test_dqn_pong_smoke(tmp_path):
                     "agent.train_interval=8", "agent.buffer_size=1024", "agent.batch_size=8", "eval_episodes=0",
                     "checkpoint.enabled=false")
     assert res["env_steps"] == 640
-    data, written = rows_of(res["state"]["buffer"])
+    data, written = rows_of(res["state"].buffer)
     assert data["obs"].shape[2:] == (84, 84, 4) and data["obs"].dtype == np.uint8
     dones = int((data["terminated"] | data["truncated"]).sum())
     assert 640 - 4 - dones <= written.sum() <= 640 - dones

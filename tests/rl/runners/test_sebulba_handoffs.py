@@ -28,9 +28,9 @@ import pytest
 
 from rl.config import compose
 from rl.envs.envpool_source import EnvpoolSource
-from rl.experiment import build
+from rl.experiment import build, validate
 from rl.infra.logging import RunLogger
-from rl.runners import loop, sebulba, sebulba_eval
+from rl.runners import loop, sebulba
 from rl.runners.sebulba import Sebulba
 from tests.conftest import run_probe
 from tests.rl.envs.test_envpool_source import reference
@@ -198,7 +198,7 @@ def test_actors_act_with_the_params_published_after_the_last_sync(sync, monkeypa
     the very next chunk after a sync and not before."""
     E, M, K, chunks = 4, 2, 2, 9
     source = scripted_source(E, M)
-    runner = Sebulba(sebulba_cfg(E, M, K, f"env.sync_interval={sync}"), VersionAgent(E, num_actions=10**6), source)
+    runner = Sebulba(validate(sebulba_cfg(E, M, K, f"env.sync_interval={sync}")), VersionAgent(E, num_actions=10**6), source)
     got = record_gets(monkeypatch, lockstep=True)
     state = runner.init()
 
@@ -207,7 +207,7 @@ def test_actors_act_with_the_params_published_after_the_last_sync(sync, monkeypa
             return session.advance(state, 0, chunks * K * M)
 
     state, env_steps, _ = within(120, train)
-    assert env_steps == chunks * K * M and int(state["agent"]["version"]) == chunks and len(got) == chunks
+    assert env_steps == chunks * K * M and int(state.agent["version"]) == chunks and len(got) == chunks
     sent = [actions for _, actions in source.env.log[:chunks * K]]
     expected = [(i // K) // sync * sync for i in range(chunks * K)]
     assert [set(a.tolist()) for a in sent] == [{v} for v in expected]
@@ -219,7 +219,7 @@ def test_the_actor_runs_at_most_queue_size_chunks_ahead(queue_size):
     to put it: exactly (queue_size + 1) chunks of recvs are made."""
     E, M, K = 4, 2, 2
     source = scripted_source(E, M)
-    runner = Sebulba(sebulba_cfg(E, M, K, f"env.queue_size={queue_size}"), VersionAgent(E), source)
+    runner = Sebulba(validate(sebulba_cfg(E, M, K, f"env.queue_size={queue_size}")), VersionAgent(E), source)
     state = runner.init()
 
     def fill():
@@ -253,7 +253,7 @@ def scripted_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("scripted")
     source = scripted_source(E6, M3, seed=1)
     cfg = sebulba_cfg(E6, M3, K2, f"log_interval={M3 * K2}", f"total_steps={CHUNKS * M3 * K2}")
-    runner = Sebulba(cfg, VersionAgent(E6, num_actions=10**6), source)
+    runner = Sebulba(validate(cfg), VersionAgent(E6, num_actions=10**6), source)
     with pytest.MonkeyPatch.context() as mp:
         chunks = record_gets(mp)
         logger = RunLogger(cfg, run_dir)
@@ -317,7 +317,7 @@ def test_env_rows_and_episode_statistics_follow_env_ids(scripted_run):
     log, chunks, res, _ = scripted_run
     assert len({tuple(recv.env_id) for recv, _ in log}) > len(log) // 2
     ref, _ = reference(log)
-    rows = jax.device_get(res["state"]["buffer"])
+    rows = jax.device_get(res["state"].buffer)
     for e in range(E6):
         n = int(rows.written[e])
         assert n == len(ref[e]) > 3, e
@@ -349,7 +349,7 @@ def test_two_actor_threads_write_their_own_rows(monkeypatch):
         return src
 
     monkeypatch.setattr(sebulba, "make_source", fake_build)
-    runner = Sebulba(sebulba_cfg(8, 4, 2, "env.actor_threads=2", "seed=3"), VersionAgent(8), scripted_source(8, 4))
+    runner = Sebulba(validate(sebulba_cfg(8, 4, 2, "env.actor_threads=2", "seed=3")), VersionAgent(8), scripted_source(8, 4))
     assert sorted(pools) == [3, 7]
     state = runner.init()
 
@@ -358,7 +358,7 @@ def test_two_actor_threads_write_their_own_rows(monkeypatch):
             return session.advance(state, 0, 8 * 4)  # 8 chunks of 2 recvs x 2 envs: 4 from each thread
 
     state, _, _ = within(120, train)
-    rows = jax.device_get(state["buffer"])
+    rows = jax.device_get(state.buffer)
     for i, seed in enumerate((3, 7)):
         ref, _ = reference(pools[seed].log[:4 * 2])
         for e in range(4):
@@ -381,13 +381,13 @@ def test_evaluation_is_greedy_scores_first_episodes_and_stops_at_eval_max_steps(
         return scripted_source(num_envs, batch_size, seed=seed, length=lambda e, n: 1 if n else 2 + e,
                                reward=lambda e, n, t, a: float(t) if a == 1 else -1.0, truncated=lambda e, n: False)
 
-    monkeypatch.setattr(sebulba_eval, "make_source", fake_build)  # the evaluation pool
+    monkeypatch.setattr(sebulba, "make_source", fake_build)  # the evaluation pool
     expected = [sum(range(1, 3 + e)) for e in range(4)]  # 3, 6, 10, 15
-    runner = Sebulba(sebulba_cfg(4, 2, 2), ExploringAgent(4), scripted_source(4, 2))
+    runner = Sebulba(validate(sebulba_cfg(4, 2, 2)), ExploringAgent(4), scripted_source(4, 2))
     scores = runner.evaluate(runner.init(), 4, jax.random.PRNGKey(0))
     np.testing.assert_array_equal(scores, [expected])
     # 4 recvs: the reset step and 3 steps; only the episodes of 2 and 3 steps end within them.
-    runner = Sebulba(sebulba_cfg(4, 2, 2, "env.eval_max_steps=4"), ExploringAgent(4), scripted_source(4, 2))
+    runner = Sebulba(validate(sebulba_cfg(4, 2, 2, "env.eval_max_steps=4")), ExploringAgent(4), scripted_source(4, 2))
     scores = runner.evaluate(runner.init(), 4, jax.random.PRNGKey(0))
     np.testing.assert_array_equal(scores, [expected[:2] + [np.nan, np.nan]])
 
@@ -438,16 +438,16 @@ def test_xla_key_picks_the_actor_loop():
 
 DEVICE_PROBE = """
 import json
-from tests.rl.runners.test_sebulba_handoffs import Sebulba, VersionAgent, scripted_source, sebulba_cfg
+from tests.rl.runners.test_sebulba_handoffs import Sebulba, VersionAgent, scripted_source, sebulba_cfg, validate
 out = {}
 for name, over in {"default": [], "a1": ["env.actor_devices=1"], "a1l1": ["env.actor_devices=1", "env.learner_devices=1"],
                    "l2": ["env.learner_devices=2"], "a2": ["env.actor_devices=2"]}.items():
-    runner = Sebulba(sebulba_cfg(4, 2, 2, *over), VersionAgent(4), scripted_source(4, 2))
+    runner = Sebulba(validate(sebulba_cfg(4, 2, 2, *over)), VersionAgent(4), scripted_source(4, 2))
     state = runner.init()
     out[name] = {"actors": [d.id for d in runner.actor_devices], "learner": [d.id for d in runner.learner_devices],
-                 "state": sorted(d.id for d in state["agent"]["version"].devices()),
+                 "state": sorted(d.id for d in state.agent["version"].devices()),
                  "published": sorted((d.id, *(x.id for x in v["version"].devices()))
-                                     for d, v in runner.publish(state["agent"]).items())}
+                                     for d, v in runner.publish(state.agent).items())}
 print(json.dumps(out))
 """
 

@@ -33,7 +33,7 @@ def calls(monkeypatch):
 
     def recording(self, *args):
         out = advance(self, *args)
-        seen.append((out[1], int(out[0]["owed"])))
+        seen.append((out[1], int(out[0].owed)))
         if getattr(self, "on_call", None):
             self.on_call(seen)
         return out
@@ -46,7 +46,7 @@ def test_slow_train_steps_are_split_across_calls_keeping_the_replay_ratio(tmp_pa
     res = run(compose(OVERRIDES), tmp_path / "run")
     learner = build(compose(OVERRIDES)).learner
     assert res["env_steps"] == 1024
-    assert int(res["state"]["agent"].updates) == learner.updates_due(1024) == 97
+    assert int(res["state"].agent.updates) == learner.updates_due(1024) == 97
     # Acting-only chunks are one call each; from learning_starts on, each chunk takes 4 calls (one train step
     # each) and its env steps are counted with the last one.
     owed = [o for _, o in calls]
@@ -54,7 +54,7 @@ def test_slow_train_steps_are_split_across_calls_keeping_the_replay_ratio(tmp_pa
     assert all(s % 32 == 0 for s, _ in calls)
     # While train steps are owed the chunk is not counted; the call that pays the last one counts it.
     assert all(s1 == s0 + 32 * (o0 == 1) for (s0, o0), (s1, _) in itertools.pairwise(calls) if o0)
-    assert int(res["state"]["owed"]) == 0
+    assert int(res["state"].owed) == 0
 
 
 def test_signal_while_train_steps_are_owed_checkpoints_them_and_resume_pays_them(tmp_path, calls, monkeypatch):
@@ -73,11 +73,11 @@ def test_signal_while_train_steps_are_owed_checkpoints_them_and_resume_pays_them
     saved = checkpoint.restore(run_dir, build(compose(OVERRIDES)).restore_target())[0]
     learner = build(compose(OVERRIDES)).learner
     # The checkpoint's env steps exclude the chunk whose train steps are owed; its buffer holds that chunk.
-    assert step == calls[-1][0] and int(saved["owed"]) == 2
-    assert int(saved["agent"].updates) == learner.updates_due(step) + 2
+    assert step == calls[-1][0] and int(saved.owed) == 2
+    assert int(saved.agent.updates) == learner.updates_due(step) + 2
     monkeypatch.setattr(_Session, "on_call", None, raising=False)
     res = run(compose(OVERRIDES), run_dir)  # resumed
-    assert res["env_steps"] == 1024 and int(res["state"]["agent"].updates) == learner.updates_due(1024)
+    assert res["env_steps"] == 1024 and int(res["state"].agent.updates) == learner.updates_due(1024)
 
 
 @pytest.mark.parametrize("agent", ["dqn", "r2d2", "muesli"])
@@ -91,7 +91,7 @@ def test_a_train_only_call_writes_and_counts_nothing(agent):
         chunks = [session.actors.get()]
         while not bool(chunks[-1].episodes.ended.any()) or len(chunks) < 3:  # one that ends episodes
             chunks.append(session.actors.get())
-    agent_state, buffer, key = state["agent"], state["buffer"], state["key"]
+    agent_state, buffer, key = state.agent, state.buffer, state.key
     totals = learner.zero_totals(agent_state, buffer)
     for c in chunks[:-1]:
         agent_state, buffer, key, totals = learner.update(agent_state, buffer, key, totals, c, np.bool_(True),
