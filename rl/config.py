@@ -212,11 +212,29 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
 
 # ---- agent presets ----------------------------------------------------------------------------------------
 
+RENAMED = {"env.batch_size": "env.envs_per_recv"}  # old key -> its name now (Nov 2026: it was read as the learner's)
+
+
+def current_names(config: dict) -> dict:
+    """A saved run's resolved config (plain containers) with `RENAMED` keys under their names now."""
+    config = {**config}
+    for old, new in RENAMED.items():
+        (section, _, key), new_key = old.partition("."), new.partition(".")[2]
+        if isinstance(config.get(section), dict) and key in config[section]:
+            config[section] = {(new_key if k == key else k): v for k, v in config[section].items()}
+    return config
+
+
 def refused_override(overrides: list[str] | tuple[str, ...]) -> str | None:
     """One line for an override hydra would apply but the composed config would not honour, else None:
-    `env.family`, which picks the agent's preset from the env config's own yaml when hydra composes it."""
+    `env.family`, which picks the agent's preset from the env config's own yaml when hydra composes it, and
+    a key `RENAMED` since."""
     for override in overrides:
-        if override.partition("=")[0].lstrip("+~") == "env.family":
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key in RENAMED:
+            return f"{override}: {key} is now {RENAMED[key]}; write {RENAMED[key]}={value}"
+        if key == "env.family":
             return (f"{override}: env.family is the env config's own (it picks the agent's preset as the config "
                     f"is composed); for another preset on any env choose agent=<agent>_<preset>, e.g. "
                     f"agent=dqn_minatar")

@@ -41,7 +41,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent, population_bounds, population_keys
-from rl.config import ConfigError, TrainConfig, check_resumable, check_top_level, compose, resume_config
+from rl.config import (ConfigError, TrainConfig, check_resumable, check_top_level, compose, current_names,
+                       resume_config)
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory, xla_cpu
 from rl.learning.pbt import PBTConfig, pbt_config
@@ -148,7 +149,7 @@ def prepare(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = 
     if cfg.resume is None:
         return cfg, run_dir, None
     resume_dir = Path(cfg.resume)
-    saved = _filled(checkpoint.read_meta(resume_dir)["config"])
+    saved = _filled(current_names(checkpoint.read_meta(resume_dir)["config"]))
     now = OmegaConf.create(_filled(OmegaConf.to_container(cfg, resolve=True)))
     if overrides is None:
         check_resumable(saved, now)
@@ -226,7 +227,7 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> dict:
 def _restored(run_dir: str | Path):
     """`(cfg, runner, state)` of the run saved in `run_dir`: its config, the runner built from it, the newest
     checkpoint's state."""
-    cfg = OmegaConf.create(checkpoint.read_meta(run_dir)["config"])
+    cfg = OmegaConf.create(current_names(checkpoint.read_meta(run_dir)["config"]))
     runner = build(cfg)
     state, _ = checkpoint.restore(run_dir, runner.restore_target())
     return cfg, runner, state

@@ -40,7 +40,7 @@ from scripts.bench_common import format_table, print_json_line
 def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
     from rl.envs.envpool_source import EnvConfig, make_source
 
-    source = make_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
+    source = make_source(EnvConfig(id=task), num_envs, seed=0, envs_per_recv=batch)
     env, n_act, rng = source.env, source.num_actions, np.random.default_rng(0)
     env.async_reset()
 
@@ -63,7 +63,7 @@ def raw_host_sps(task: str, num_envs: int, batch: int, seconds: float) -> float:
 def raw_xla_sps(task: str, num_envs: int, batch: int, seconds: float, k: int = 256) -> float:
     from rl.envs.envpool_source import EnvConfig, make_source
 
-    source = make_source(EnvConfig(id=task), num_envs, seed=0, batch_size=batch)
+    source = make_source(EnvConfig(id=task), num_envs, seed=0, envs_per_recv=batch)
     handle, recv, send = source.xla()
 
     @jax.jit
@@ -98,7 +98,7 @@ def pipeline_sps(task: str, num_envs: int, batch: int, seconds: float, xla: bool
     env_group = {"CartPole-v1": "cartpole", "Pong-v5": "pong", "Breakout-v5": "breakout"}.get(task, "cartpole")
     xla_opt = [] if xla is None else [f"env.xla={'on' if xla else 'off'}"]
     cfg = compose([f"agent={agent_name}", f"env=envpool/{env_group}", f"env.id={task}", f"num_envs={num_envs}",
-                   f"env.batch_size={batch}", *xla_opt, "agent.learning_starts=1000", "logger=none",
+                   f"env.envs_per_recv={batch}", *xla_opt, "agent.learning_starts=1000", "logger=none",
                    *overrides])
     runner = build(cfg)
     if not policy:  # random actions: the loop's own cost, without network inference

@@ -306,6 +306,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
     ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
         "minimum is symmetric",
+    ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
+        "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
         "the gymnax video steps one env: every step array has length 1, [-1] is [0]",
     ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):

@@ -23,7 +23,7 @@ from rl.experiment import evaluate_run, run
 # env steps per iteration, so every chunk of both runs is the same compiled program) and the two totals.
 # Only the replay size, learning_starts and (R2D2) the train interval are lowered; networks, batch sizes and
 # sequence lengths stay the preset's.
-NUM_ENVS, ENVPOOL = 4, ["env.batch_size=2", "env.recvs_per_chunk=8"]
+NUM_ENVS, ENVPOOL = 4, ["env.envs_per_recv=2", "env.recvs_per_chunk=8"]
 DQN = (["agent.learning_starts=64", "agent.buffer_size=400"], 64, 128, 192)
 R2D2 = (["agent.learning_starts=320", "agent.buffer_size=2000", "agent.train_interval=10"], 200, 400, 600)
 SETTINGS = {

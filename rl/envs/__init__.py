@@ -5,7 +5,7 @@ Imports: buffers-free; rl.config only.
 The registry of sources, one contract for every kind: `env.source=<name>` names the module
 `rl/envs/<name>_source.py` (`sources()` lists them), which holds
 * `EnvConfig`, the dataclass of its `env:` section (`env_config(section)` types a section with it);
-* `make_source(env_cfg, num_envs, seed=0, batch_size=None)`, the source: `num_envs`, `num_actions`,
+* `make_source(env_cfg, num_envs, seed=0, envs_per_recv=None)`, the source: `num_envs`, `num_actions`,
   `obs_shape`, `obs_dtype` and the stepping surface of its runner (gymnax: pure
   `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba);
 * `RUNNER`, the runner that steps it (`anakin` or `sebulba`; `runner_of(env_cfg)`).
@@ -33,26 +33,31 @@ def sources() -> dict[str, str]:
             if m.name.endswith("_source")}
 
 
-def env_config(section: Any):
-    """The env section (DictConfig, dict or the dataclass) as its source's `EnvConfig` (chosen by `env.source`)."""
+def _module(section: Any):
+    """The module of the source `section` names (`env.source`)."""
     source = section.get("source") if isinstance(section, (dict, DictConfig)) else getattr(section, "source", None)
     known = sources()
     if source not in known:
         raise ConfigError(f"env.source={source!r} is not an env source; available: {sorted(known)}")
+    return importlib.import_module(known[source])
+
+
+def env_config(section: Any):
+    """The env section (DictConfig, dict or the dataclass) as its source's `EnvConfig` (chosen by `env.source`)."""
+    module = _module(section)
     family = section.get("family") if isinstance(section, (dict, DictConfig)) else getattr(section, "family", None)
     if family is not None and family not in ENV_FAMILIES:
         raise ConfigError(f"env.family={family!r} is not an env family; env families: {', '.join(ENV_FAMILIES)}")
-    return to_dataclass(importlib.import_module(known[source]).EnvConfig, section, "env")
+    return to_dataclass(module.EnvConfig, section, "env")
 
 
-def make_source(env_cfg: Any, num_envs: int, seed: int = 0, batch_size: int | None = None):
+def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None):
     """The source of the env section `env_cfg` (typed or not): `num_envs` envs seeded from `seed`,
-    `batch_size` envs per recv where the kind has recvs."""
+    `envs_per_recv` envs per recv where the kind has recvs."""
     env_cfg = env_config(env_cfg)
-    module = importlib.import_module(sources()[env_cfg.source])
-    return module.make_source(env_cfg, num_envs, seed=seed, batch_size=batch_size)
+    return _module(env_cfg).make_source(env_cfg, num_envs, seed=seed, envs_per_recv=envs_per_recv)
 
 
 def runner_of(env_cfg: Any) -> str:
     """The runner that steps the source of `env_cfg`: its module's `RUNNER` (`anakin` | `sebulba`)."""
-    return importlib.import_module(sources()[env_config(env_cfg).source]).RUNNER
+    return _module(env_config(env_cfg)).RUNNER

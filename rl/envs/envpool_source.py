@@ -3,7 +3,7 @@ XLA handle and its probe. The per-env bookkeeping of its recvs is rl/envs/envpoo
 
 * `EnvConfig`: `configs/env/envpool/*.yaml` (`source: envpool`); the number of envs is the top-level
   `num_envs`. Checked when built (`rl.envs.env_config`).
-* `make_source(env_cfg, num_envs, seed=0, batch_size=None)`: the `EnvpoolSource` (the registry's contract,
+* `make_source(env_cfg, num_envs, seed=0, envs_per_recv=None)`: the `EnvpoolSource` (the registry's contract,
   rl/envs/__init__.py); `open_envpool(task_id, ...)` the same from a task id and envpool options.
 * `use_xla(env_cfg)`: whether the actor runs envpool's XLA handle inside jit (`env.xla`: auto probes a
   2-env copy of the task with one jitted recv + send; on requires it; off never uses it).
@@ -21,7 +21,8 @@ envpool facts this module relies on (envpool 1.2.5, gymnasium API, probed):
   that continues the same game; `info["terminated"]` is the real game over and `info["reward"]` the
   unclipped reward. Images are `[stack, 84, 84]` uint8, channels first.
 
-Shapes: E = num_envs, M = batch_size (envs per recv).
+Shapes: E = num_envs, M = envs per recv (`env.envs_per_recv`; envpool's own name, kept by
+`open_envpool` and `EnvpoolSource`, is batch_size).
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class EnvConfig:
     source: str = "envpool"
     id: str = "CartPole-v1"  # any envpool task id with discrete actions, e.g. Pong-v5, Breakout-v5
     family: str | None = None  # vector | minatar | atari: the agents' preset it takes (rl.config.ENV_FAMILIES)
-    batch_size: int | None = None  # envs per recv; null: num_envs // 2 (async); = num_envs: sync mode
+    envs_per_recv: int | None = None  # envpool's batch_size; null: num_envs // 2 (async); = num_envs: sync mode
     num_threads: int = 0  # envpool worker threads (0: envpool's default)
     max_episode_steps: int | None = None  # null: the task's own limit
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # further envpool.make options
@@ -195,7 +196,7 @@ class EnvConfig:
     xla: str = "auto"  # envpool's XLA handle inside jit: auto (probe, else host loop) | on | off
     eval_max_steps: int | None = None  # recv cap of the final evaluation (null: 2 x the episode limit)
     # Several actor threads and devices (rl/runners/sebulba.py): each thread owns num_envs / actor_threads envs
-    # (batch_size / actor_threads per recv) and acts on actor device (thread index % actor devices).
+    # (envs_per_recv / actor_threads per recv) and acts on actor device (thread index % actor devices).
     actor_threads: int = 1
     actor_devices: int | None = None  # null: act on device 0 (with the learner); N: the first N devices act
     learner_devices: int | None = None  # null: device 0, or all devices after the actors'; M: M devices learn
@@ -210,8 +211,8 @@ class EnvConfig:
         for key in ("recvs_per_chunk", "queue_size", "sync_interval", "actor_threads"):
             if getattr(self, key) < 1:
                 raise ValueError(f"env.{key} must be >= 1, got {getattr(self, key)}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"env.batch_size must be >= 1 or null, got {self.batch_size}")
+        if self.envs_per_recv is not None and self.envs_per_recv < 1:
+            raise ValueError(f"env.envs_per_recv must be >= 1 or null, got {self.envs_per_recv}")
         for key in ("actor_devices", "learner_devices"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"env.{key} must be >= 1 or null, got {getattr(self, key)}")
@@ -219,12 +220,12 @@ class EnvConfig:
             raise ValueError(f"env.xla must be auto, on or off, got {self.xla!r}")
 
 
-def make_source(env_cfg: EnvConfig, num_envs: int, seed: int = 0, batch_size: int | None = None) -> EnvpoolSource:
-    """`num_envs` envs of `env_cfg.id` seeded from `seed`, `batch_size` (default: `env.batch_size`, else
+def make_source(env_cfg: EnvConfig, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> EnvpoolSource:
+    """`num_envs` envs of `env_cfg.id` seeded from `seed`, `envs_per_recv` (default: `env.envs_per_recv`, else
     num_envs // 2) envs per recv."""
-    batch = batch_size or env_cfg.batch_size or max(num_envs // 2, 1)
+    batch = envs_per_recv or env_cfg.envs_per_recv or max(num_envs // 2, 1)
     if batch > num_envs:
-        raise ConfigError(f"env.batch_size={batch} exceeds num_envs={num_envs}")
+        raise ConfigError(f"env.envs_per_recv={batch} exceeds num_envs={num_envs}")
     return open_envpool(env_cfg.id, num_envs, batch, seed=seed, num_threads=env_cfg.num_threads,
                         max_episode_steps=env_cfg.max_episode_steps, **dict(env_cfg.kwargs))
 
@@ -232,7 +233,7 @@ def make_source(env_cfg: EnvConfig, num_envs: int, seed: int = 0, batch_size: in
 def xla_handle_works(env_cfg: EnvConfig) -> bool:
     """Probe envpool's XLA handle on a small env of the same task: one jitted recv + send."""
     try:
-        probe = make_source(env_cfg, 2, seed=0, batch_size=1)
+        probe = make_source(env_cfg, 2, seed=0, envs_per_recv=1)
         handle, recv, send = probe.xla()
 
         @jax.jit

@@ -88,9 +88,9 @@ class GymnaxSource:
         return env_state, ts
 
 
-def make_source(env_cfg: Any, num_envs: int, seed: int = 0, batch_size: int | None = None) -> GymnaxSource:
+def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> GymnaxSource:
     """Build the source from an `EnvConfig` (or its yaml section); the registry's contract
-    (rl/envs/__init__.py). `seed` and `batch_size` are unused: gymnax draws from the keys `reset`/`step`
+    (rl/envs/__init__.py). `seed` and `envs_per_recv` are unused: gymnax draws from the keys `reset`/`step`
     take, and every step returns all envs."""
     from rl.config import to_dataclass
 

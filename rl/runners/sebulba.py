@@ -123,7 +123,7 @@ class Sebulba:
         threads = self.env_cfg.actor_threads
         num_envs, batch = source.num_envs, source.batch_size
         if num_envs % threads or batch % threads:
-            raise ConfigError(f"num_envs={num_envs} and the envs per recv ({batch}, env.batch_size) must both "
+            raise ConfigError(f"num_envs={num_envs} and the envs per recv ({batch}, env.envs_per_recv) must both "
                               f"be divisible by env.actor_threads={threads}")
         local = jax.local_devices()
         self.actor_devices, learner = split_devices(self.env_cfg.actor_devices, self.env_cfg.learner_devices, local)
@@ -136,7 +136,7 @@ class Sebulba:
             raise ConfigError(f"agent.batch_size={agent.batch_size} is not divisible by the "
                               f"{len(self.learner_devices)} learner devices (env.learner_devices)")
         if self.processes > 1 and batch % len(learner):
-            raise ConfigError(f"the envs per recv ({batch}, env.batch_size) must be divisible by the "
+            raise ConfigError(f"the envs per recv ({batch}, env.envs_per_recv) must be divisible by the "
                               f"{len(learner)} learner devices of each process (env.learner_devices)")
         self.learner = Learner(agent, num_envs * self.processes, cfg.on_nonfinite)
         self.train_from = self.learner.train_from
@@ -151,7 +151,7 @@ class Sebulba:
             workers = self.env_cfg.num_threads or os.cpu_count() or 1
             pool_cfg = dataclasses.replace(self.env_cfg, num_threads=max(1, -(-workers // threads)))
             self.sources = [make_source(pool_cfg, per, seed=cfg.seed + self.process * num_envs + i * per,
-                                        batch_size=batch // threads) for i in range(threads)]
+                                        envs_per_recv=batch // threads) for i in range(threads)]
         first = self.process * num_envs  # this process's first buffer row (rl/experiment.py seeds its envs so)
         self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=first + i * src.num_envs)
                          for i, src in enumerate(self.sources)]
@@ -281,7 +281,7 @@ class Sebulba:
     def evaluate(self, state, episodes: int, key: jax.Array) -> np.ndarray:
         """Greedy scores `[1, episodes]`."""
         agent_state = jax.device_put(self._local(self.copy(state.agent)), self.actor_devices[0])
-        pool = make_source(self.env_cfg, episodes, seed=self.cfg.seed + 10**6, batch_size=episodes)  # sync
+        pool = make_source(self.env_cfg, episodes, seed=self.cfg.seed + 10**6, envs_per_recv=episodes)  # sync
         return evaluate_recvs(self.agent, agent_state, pool, key, self.env_cfg.eval_max_steps)[None]
 
 

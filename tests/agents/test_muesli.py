@@ -417,6 +417,8 @@ def test_loss_and_gradient_match_reference(reference_problem):
     (value, metrics), grads = jax.jit(jax.value_and_grad(agent.loss, has_aux=True))(state.params, targets, jbatch,
                                                                                     jvalid)
     (ref_value, ref_terms), ref_grads = jax.jit(jax.value_and_grad(ref_loss, has_aux=True))(state.params)
+    p_root = _softmax(root_logits)  # the logged entropy: of the online policy at the root, over valid steps
+    np.testing.assert_allclose(float(metrics["entropy"]), -(p_root * np.log(p_root)).sum(-1)[valid].mean(), rtol=1e-4)
     for name, term in ref_terms.items():
         assert abs(float(term)) > 1e-3, name  # every term is present on this batch
         np.testing.assert_allclose(float(metrics[name]), float(term), rtol=1e-4, atol=1e-6, err_msg=name)
@@ -579,7 +581,7 @@ def test_pong_smoke_sebulba(tmp_path):
     from rl.config import compose
     from scripts.train import run
 
-    cfg = compose(["agent=muesli", "env=envpool/pong", "num_envs=8", "env.batch_size=4", "total_steps=20000",
+    cfg = compose(["agent=muesli", "env=envpool/pong", "num_envs=8", "env.envs_per_recv=4", "total_steps=20000",
                    "log_interval=4000", "logger=none", "eval_episodes=0", "agent.batch_size=8",
                    "agent.learning_starts=4000", "agent.buffer_size=20000", "agent.train_interval=40"])
     res = run(cfg, tmp_path)

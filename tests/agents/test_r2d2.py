@@ -422,7 +422,7 @@ def test_r2d2_learns_cartpole_without_velocities(tmp_path):
 def test_r2d2_pong_smoke_sebulba(tmp_path):
     """The paper configuration on envpool Pong through the Sebulba runner: 6k env steps, ~30 updates (each
     takes seconds on a CPU)."""
-    res = _train(tmp_path, "agent=r2d2", "env=envpool/pong", "num_envs=8", "env.batch_size=4",
+    res = _train(tmp_path, "agent=r2d2", "env=envpool/pong", "num_envs=8", "env.envs_per_recv=4",
                  "total_steps=6000", "log_interval=2000", "agent.learning_starts=4000", "agent.buffer_size=16000",
                  "agent.batch_size=8", "agent.train_interval=8", "eval_episodes=0")
     assert res["env_steps"] >= 6000

@@ -263,6 +263,21 @@ def test_a_run_saved_before_the_families_resumes():
         config.check_resumable(_filled(saved), OmegaConf.create(filled(compose(["agent=muesli", "agent.batch_size=8"]))))
 
 
+
+def test_a_renamed_key_is_refused_naming_its_new_name_and_old_runs_resume_with_it():
+    """`env.batch_size` (envs per recv, read as the learner's batch) is `env.envs_per_recv` now: on the
+    command line the old name gets one line naming the new one; a run saved with the old name resumes."""
+    with pytest.raises(ConfigError, match=r"env.batch_size=4: env.batch_size is now env.envs_per_recv; "
+                                          r"write env.envs_per_recv=4") as err:
+        compose(["agent=dqn", "env=envpool/cartpole", "env.batch_size=4"])
+    _one_line(err)
+    now = ["agent=dqn", "env=envpool/cartpole", "env.envs_per_recv=4"]
+    saved = OmegaConf.to_container(compose(now), resolve=True)
+    saved["env"] = {("batch_size" if k == "envs_per_recv" else k): v for k, v in saved["env"].items()}
+    filled = _filled(config.current_names(saved))
+    assert filled["env"]["envs_per_recv"] == 4 and "batch_size" not in filled["env"]
+    config.check_resumable(filled, OmegaConf.create(_filled(OmegaConf.to_container(compose(now), resolve=True))))
+
 # ---- a new agent: its module and one yaml ------------------------------------------------------------------
 
 TOY = '''"""A toy agent: DQN with one hidden layer of `width` units (agents/dqn.py does the work)."""

@@ -51,7 +51,7 @@ class ToySource:
                              truncated=jnp.zeros_like(done), next_obs=self._obs(t1))
 
 
-def make_source(env_cfg, num_envs, seed=0, batch_size=None):
+def make_source(env_cfg, num_envs, seed=0, envs_per_recv=None):
     return ToySource(env_cfg, num_envs)
 '''
 

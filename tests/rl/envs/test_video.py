@@ -71,6 +71,9 @@ def test_cartpole_pole_and_cart_follow_the_state():
     assert black_rows.tolist() == [180]
     pole_rows = np.nonzero(np.all(frame == pole, -1))[0]  # upright: from the axle, 12 px above the track, up
     assert pole_rows.max() <= 180 - 12 + 3 and pole_rows.min() < 180 - 12 - 40
+    # The axle: a 7 x 7 px dot centred where the pole meets the cart (x 160, 12 px above the track).
+    rows, cols = np.nonzero(np.all(frame == (129, 132, 203), -1))
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (165, 171, 157, 163)
 
 
 def test_mountaincar_car_sits_at_its_position_on_the_hill():

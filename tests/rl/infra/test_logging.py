@@ -161,8 +161,10 @@ def test_a_population_logs_one_wandb_run_per_member_in_one_group(tmp_path, monke
     first, second = (logged[r.id][0] for r in runs)
     assert first[1]["episode_return/seed0"] == 1.0 and first[1]["episode_return/mean"] == 1.5
     assert second[1]["episode_return/seed1"] == 5.0 and second[1]["episode_return/mean"] == 4.0
-    logger.summary({"eval_return_mean": [10.0, 20.0, 30.0, 40.0]})
+    # Lists of numbers are summarised per member; lists of anything else (no eval: None per row) are not.
+    logger.summary({"eval_return_mean": [10.0, 20.0, 30.0, 40.0], "eval_none": [None] * 4, "names": list("abcd")})
     assert [r.summary["eval_return_mean/mean"] for r in runs] == [15.0, 35.0]
+    assert not [k for r in runs for k in dict(r.summary) if k.startswith(("eval_none", "names"))]
     assert logger.wandb_id == ",".join(r.id for r in runs)
     paths = logger.close()
     assert len(list(paths["wandb"].glob("offline-run-*"))) == 2

@@ -74,9 +74,9 @@ def test_reset_flag_restarts_from_zero_state(net_and_params):
     assert not np.asarray(reset_c.h[1]).any() and np.array_equal(reset_c.h[0], carry.h[0])
 
 
-def test_burn_in_passes_no_gradient(net_and_params):
+@pytest.mark.parametrize("burn_in", [1, 3])
+def test_burn_in_passes_no_gradient(net_and_params, burn_in):
     net, params, obs, carry = net_and_params
-    burn_in = 3
     reset = jnp.zeros((T, B), bool)
 
     def loss(p, o):

@@ -88,7 +88,7 @@ def test_nonfinite_state_beyond_the_parameters_stops_before_any_checkpoint(tmp_p
     assert checkpoint.latest_step(tmp_path) == 400
     assert all(np.isfinite(x).all() for x in _leaves(_restore(tmp_path, cfg)))
     # The Sebulba learner checks the whole state once per update call as well.
-    sebulba = compose(["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.batch_size=4",
+    sebulba = compose(["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.envs_per_recv=4",
                        "env.recvs_per_chunk=8", "total_steps=2048", "log_interval=1024", "eval_episodes=1",
                        "agent.learning_starts=256", "agent.buffer_size=1024", "agent.batch_size=16",
                        "agent.target_update_period=1000", "checkpoint.enabled=false"])
@@ -240,7 +240,7 @@ def test_ctrl_c_is_answered_within_seconds_whatever_the_log_interval(tmp_path):
 
 
 def test_sigterm_sebulba_continues_and_finishes(tmp_path):
-    overrides = ["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.batch_size=4",
+    overrides = ["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.envs_per_recv=4",
                  "env.recvs_per_chunk=8", "total_steps=200000", "log_interval=1024", "agent.learning_starts=512",
                  "agent.buffer_size=4096", "agent.batch_size=16", "eval_episodes=1"]
     stopped = tmp_path / "run"

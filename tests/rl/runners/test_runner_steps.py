@@ -91,7 +91,7 @@ def test_anakin_writes_the_steps_and_the_carry_before_acting():
 @pytest.mark.parametrize("xla", ["off", "on"])
 def test_sebulba_writes_the_steps_and_the_carry_before_acting(xla):
     cfg = compose(["agent=dqn", "env=envpool/cartpole", f"env.max_episode_steps={LIMIT}", "logger=none",
-                   "num_envs=6", "env.batch_size=3", "env.recvs_per_chunk=8", f"env.xla={xla}"])
+                   "num_envs=6", "env.envs_per_recv=3", "env.recvs_per_chunk=8", f"env.xla={xla}"])
     source = make_source(cfg.env, 6, seed=0)
     runner = Sebulba(validate(cfg), RecordingAgent(6, 256), source)
     state = runner.init()

@@ -128,7 +128,7 @@ def test_host_loop_pipeline_rows_follow_cartpole_dynamics():
     """The real pipeline with the host-loop actor (env.xla=off; the XLA-handle actor is checked the same way
     in the DQN smoke test), learner off, on envpool CartPole async: each env's row is a valid CartPole
     trajectory in time order (dynamics, episode ends, resets)."""
-    cfg = compose_cfg("num_envs=16", "env.batch_size=8", f"env.max_episode_steps={MAX_STEPS}", "env.xla=off",
+    cfg = compose_cfg("num_envs=16", "env.envs_per_recv=8", f"env.max_episode_steps={MAX_STEPS}", "env.xla=off",
                       "env.recvs_per_chunk=8", "agent.buffer_size=8192")
     runner = build(cfg)
     assert not runner.rollout.use_xla
@@ -151,7 +151,7 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="env.xla must be auto, on or off"):
         validate(compose_cfg("env.xla=maybe"))
     with pytest.raises(ConfigError, match="exceeds num_envs"):
-        build(compose_cfg("num_envs=4", "env.batch_size=8"))
+        build(compose_cfg("num_envs=4", "env.envs_per_recv=8"))
     with pytest.raises(ConfigError, match="not an envpool task id"):
         validate(compose_cfg("env.id=NoSuchTask-v9"))
 
@@ -168,7 +168,7 @@ def run_train(tmp_path, *overrides):
 
 
 def test_dqn_cartpole_smoke_with_resume(tmp_path):
-    common = ("num_envs=16", "env.batch_size=8", "agent.learning_starts=512", "log_interval=1024",
+    common = ("num_envs=16", "env.envs_per_recv=8", "agent.learning_starts=512", "log_interval=1024",
               "agent.buffer_size=4096", "env.xla=on")
     res = run_train(tmp_path / "a", "total_steps=3072", "eval_episodes=2", *common)
     assert res["env_steps"] == 3072 and res["checkpoint"].endswith("/3072")
@@ -192,7 +192,7 @@ def test_dqn_pong_smoke(tmp_path):
     """DQN (Nature CNN) on envpool Pong, async: channels-last frames in the buffer, episodes logged (cut at
     100 steps by the time limit, so their length is known)."""
     # 1 train step per 32 env steps from step 512: 4 train steps (a Nature-CNN update is slow on CPU).
-    res = run_train(tmp_path, "env=envpool/pong", "num_envs=4", "env.batch_size=2", "env.max_episode_steps=100",
+    res = run_train(tmp_path, "env=envpool/pong", "num_envs=4", "env.envs_per_recv=2", "env.max_episode_steps=100",
                     "env.recvs_per_chunk=8", "total_steps=640", "log_interval=320", "agent.learning_starts=512",
                     "agent.train_interval=8", "agent.buffer_size=1024", "agent.batch_size=8", "eval_episodes=0",
                     "checkpoint.enabled=false")
@@ -214,7 +214,7 @@ def test_dqn_pong_smoke(tmp_path):
 @pytest.mark.slow
 def test_dqn_pong_20k_steps(tmp_path):
     t0 = time.perf_counter()
-    res = run_train(tmp_path, "env=envpool/pong", "num_envs=8", "env.batch_size=4", "total_steps=20000",
+    res = run_train(tmp_path, "env=envpool/pong", "num_envs=8", "env.envs_per_recv=4", "total_steps=20000",
                     "log_interval=2000", "agent.learning_starts=2000", "agent.buffer_size=16000",
                     "agent.batch_size=32", "agent.train_interval=4", "eval_episodes=0")
     history = read_metrics(tmp_path / "metrics.csv")
@@ -235,7 +235,7 @@ def test_dqn_learns_cartpole_async(tmp_path):
     means = []
     for seed in range(3):
         t0 = time.perf_counter()
-        res = run_train(tmp_path / str(seed), "num_envs=16", "env.batch_size=8", "total_steps=500000",
+        res = run_train(tmp_path / str(seed), "num_envs=16", "env.envs_per_recv=8", "total_steps=500000",
                         "log_interval=50000", "eval_episodes=20", "checkpoint.enabled=false", f"seed={seed}")
         means.append(float(np.mean(res["eval_returns"][0])))
         print(f"CartPole async DQN seed {seed}: {res['env_steps']} env steps, {time.perf_counter() - t0:.0f}s, "
@@ -258,6 +258,6 @@ def test_device_split_and_thread_config_errors():
         with pytest.raises(ConfigError, match="devices"):
             split_devices(a, l, d)
     with pytest.raises(ConfigError, match="divisible by env.actor_threads=3"):
-        build(compose_cfg("num_envs=16", "env.batch_size=8", "env.actor_threads=3"))
+        build(compose_cfg("num_envs=16", "env.envs_per_recv=8", "env.actor_threads=3"))
     with pytest.raises(ConfigError, match="env.actor_threads must be >= 1"):
         validate(compose_cfg("env.actor_threads=0"))

@@ -46,7 +46,7 @@ COVERS = {
     "env.envpool.eval_max_steps": "test_evaluation_is_greedy_scores_first_episodes_and_stops_at_eval_max_steps",
     "env.envpool.actor_threads": ["test_two_actor_threads_write_their_own_rows", "test_envpool_keys_reach_envpool"],
     "env.envpool.id": "test_envpool_keys_reach_envpool",
-    "env.envpool.batch_size": "test_envpool_keys_reach_envpool",
+    "env.envpool.envs_per_recv": "test_envpool_keys_reach_envpool",
     "env.envpool.num_threads": "test_envpool_keys_reach_envpool",
     "env.envpool.max_episode_steps": "test_envpool_keys_reach_envpool",
     "env.envpool.kwargs": "test_envpool_keys_reach_envpool",
@@ -128,7 +128,7 @@ def scripted_source(num_envs, batch_size, **kw) -> EnvpoolSource:
 def sebulba_cfg(num_envs, batch_size, recvs_per_chunk, *overrides):
     return compose(["agent=dqn", "env=envpool/cartpole", "logger=none", "logger.plot=false", "env.xla=off",
                     "checkpoint.enabled=false", "eval_episodes=0", f"num_envs={num_envs}",
-                    f"env.batch_size={batch_size}", f"env.recvs_per_chunk={recvs_per_chunk}", *overrides])
+                    f"env.envs_per_recv={batch_size}", f"env.recvs_per_chunk={recvs_per_chunk}", *overrides])
 
 
 def within(seconds, fn):
@@ -343,8 +343,8 @@ def test_two_actor_threads_write_their_own_rows(monkeypatch):
     learner takes chunks from both in turn."""
     pools = {}
 
-    def fake_build(env_cfg, num_envs, seed, batch_size=None):
-        src = scripted_source(num_envs, batch_size, seed=seed)
+    def fake_build(env_cfg, num_envs, seed, envs_per_recv=None):
+        src = scripted_source(num_envs, envs_per_recv, seed=seed)
         pools[seed] = src.env
         return src
 
@@ -377,8 +377,8 @@ def test_evaluation_is_greedy_scores_first_episodes_and_stops_at_eval_max_steps(
     -1) in a fresh sync pool, scores each env's first episode (env e's first episode lasts 2 + e steps, later
     ones 1 step: env 0's second ends before env 3's first) and stops after `env.eval_max_steps` recvs
     (episodes not over by then: NaN)."""
-    def fake_build(env_cfg, num_envs, seed, batch_size=None):
-        return scripted_source(num_envs, batch_size, seed=seed, length=lambda e, n: 1 if n else 2 + e,
+    def fake_build(env_cfg, num_envs, seed, envs_per_recv=None):
+        return scripted_source(num_envs, envs_per_recv, seed=seed, length=lambda e, n: 1 if n else 2 + e,
                                reward=lambda e, n, t, a: float(t) if a == 1 else -1.0, truncated=lambda e, n: False)
 
     monkeypatch.setattr(sebulba, "make_source", fake_build)  # the evaluation pool
@@ -394,11 +394,11 @@ def test_evaluation_is_greedy_scores_first_episodes_and_stops_at_eval_max_steps(
 
 # --------------------------------------------------------------------------- envpool keys (real envpool)
 def test_envpool_keys_reach_envpool():
-    """`env.id`, `env.batch_size`, `env.num_threads`, `env.max_episode_steps`, `env.kwargs` and `seed` are
+    """`env.id`, `env.envs_per_recv`, `env.num_threads`, `env.max_episode_steps`, `env.kwargs` and `seed` are
     the envpool env's settings, `env.recvs_per_chunk` the actor's chunk; with `env.actor_threads=2` each
     thread's env has half the envs, half the batch, half the worker threads and its own seed."""
     runner = build(compose(["agent=dqn", "env=envpool/cartpole", "logger=none", "env.xla=off", "num_envs=6",
-                            "env.id=Acrobot-v1", "env.batch_size=2", "env.num_threads=2", "env.max_episode_steps=9",
+                            "env.id=Acrobot-v1", "env.envs_per_recv=2", "env.num_threads=2", "env.max_episode_steps=9",
                             "+env.kwargs.reward_threshold=-77.0", "env.recvs_per_chunk=5", "seed=11"]))
     src = runner.source
     try:
@@ -413,7 +413,7 @@ def test_envpool_keys_reach_envpool():
     finally:
         src.close()
     runner = build(compose(["agent=dqn", "env=envpool/cartpole", "logger=none", "env.xla=off", "num_envs=8",
-                            "env.batch_size=6", "env.num_threads=4", "env.actor_threads=2", "seed=5"]))
+                            "env.envs_per_recv=6", "env.num_threads=4", "env.actor_threads=2", "seed=5"]))
     try:
         configs = [s.env.config for s in runner.sources]
         assert [(c["num_envs"], c["batch_size"], c["num_threads"], c["seed"]) for c in configs] == \

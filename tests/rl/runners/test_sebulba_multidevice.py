@@ -41,7 +41,7 @@ def test_learner_update_on_two_devices_equals_one_device(tmp_path):
 
 def test_two_actor_threads_two_actor_devices_two_learner_devices_train_dqn(tmp_path):
     r = run_script(tmp_path, "train", tmp_path / "run", "agent=dqn", "env=envpool/cartpole", "num_envs=16",
-                   "env.batch_size=8", *SPLIT, "env.recvs_per_chunk=16", "total_steps=4096", "log_interval=1024",
+                   "env.envs_per_recv=8", *SPLIT, "env.recvs_per_chunk=16", "total_steps=4096", "log_interval=1024",
                    "agent.learning_starts=512", "agent.buffer_size=4096", "agent.batch_size=32", "eval_episodes=2",
                    "checkpoint.enabled=false")
     assert r["env_steps"] == 4096
@@ -63,7 +63,7 @@ def test_split_setup_learns_cartpole(tmp_path):
     """`agent=dqn env=envpool/cartpole` (DQN defaults), 16 envs, 8 per recv, 2 actor threads on 2 actor
     devices, 2 learner devices, 500k env steps: greedy evaluation (20 episodes) >= 475."""
     r = run_script(tmp_path, "train", tmp_path / "run", "agent=dqn", "env=envpool/cartpole", "num_envs=16",
-                   "env.batch_size=8", *SPLIT, "total_steps=500000", "log_interval=50000", "eval_episodes=20",
+                   "env.envs_per_recv=8", *SPLIT, "total_steps=500000", "log_interval=50000", "eval_episodes=20",
                    "checkpoint.enabled=false", timeout=7200)
     mean = float(np.mean(r["eval_returns"][0]))
     print(f"split-device DQN CartPole: greedy eval mean {mean:.1f}")

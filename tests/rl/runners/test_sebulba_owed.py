@@ -20,7 +20,7 @@ from rl.runners.loop import Preempted
 from rl.runners.sebulba import _Session
 
 # 8 envs, 4 per recv, 8 recvs per chunk: 32 env steps per chunk, one train step per 8: 4 owed per chunk.
-OVERRIDES = ["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.batch_size=4",
+OVERRIDES = ["agent=dqn", "env=envpool/cartpole", "logger=none", "num_envs=8", "env.envs_per_recv=4",
              "env.recvs_per_chunk=8", "total_steps=1024", "log_interval=512", "checkpoint.interval=512",
              "agent.learning_starts=256", "agent.buffer_size=1024", "agent.batch_size=16", "eval_episodes=0"]
 
