@@ -303,7 +303,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "or_to_and"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
-        "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
+        "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
     ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
         "minimum is symmetric",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
@@ -339,7 +339,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/nets/conv.py", "cols = jnp.stack(taps, axis=-2).reshape(taps[0].shape[:-1] + (kh * kw * c,))", "plus_one"):
         "every tap has the same shape: taps[1].shape is taps[0].shape",
     ("rl/envs/video.py", "score += float(r.score[0])", "minus_one"):
-        "the video's envpool source has one env (batch_size=1): every recv array has length 1, [-1] is [0]",
+        "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
     ("agents/r2d2.py", "return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))",
      "args_swapped"):
         "at init the target network is a copy of the online one: the two are equal, so swapping them changes nothing",

@@ -241,7 +241,7 @@ def _gymnax_episodes(env_cfg, policy, episodes: int, key: jax.Array, max_frames:
 def _envpool_episodes(env_cfg, policy, episodes: int, key: jax.Array, seed: int, max_frames: int):
     from rl.envs.envpool_source import make_source as make_envpool
 
-    source = make_envpool(env_cfg, 1, seed=seed, batch_size=1)  # sync: one env, one recv per step
+    source = make_envpool(env_cfg, 1, seed=seed, envs_per_recv=1)  # sync: one env, one recv per step
     render = renderer(env_cfg)
     draw = render.frame
     carry, frames, returns, score, fresh = policy.initial_carry(1), [], [], 0.0, False

@@ -61,10 +61,10 @@ def learner_case(out: str) -> None:
             state = jax.device_put(state, shard)
             c = jax.device_put(chunk, sharding.replicated(mesh))
         with sharding.use_mesh(mesh):
-            totals = learner.zero_totals(state.agent, state.buffer)
+            totals = learner.zero_totals(state["agent"], state["buffer"])
             if mesh is not None:
                 totals = jax.device_put(totals, sharding.replicated(mesh))
-            args = (state.agent, state.buffer, state.key, totals, c, np.bool_(True), np.int32(3),
+            args = (state["agent"], state["buffer"], state["key"], totals, c, np.bool_(True), np.int32(3),
                     np.int32(T * E))
             hlo = learner.update.lower(*args).compile().as_text()
             a, b, _, tot = learner.update(*args)
@@ -91,8 +91,8 @@ def train_case(out: str, run_dir: str, overrides: list[str]) -> None:
 
     result = run(compose(["logger=none", *overrides]), run_dir)
     state = result["state"]
-    devices = {k: sorted({d.id for x in jax.tree_util.tree_leaves(v) for d in x.devices()})
-               for k, v in state.items()}
+    devices = {k: sorted({d.id for x in jax.tree_util.tree_leaves(getattr(state, k)) for d in x.devices()})
+               for k in ("actor_key", "agent", "buffer", "key", "owed")}
     written = np.asarray(state.buffer.rows.written).tolist() if hasattr(state.buffer, "rows") else None
     with open(f"{run_dir}/metrics.csv") as f:
         metrics = f.read()
