@@ -284,8 +284,9 @@ def test_bad_config_and_calls():
         make_sequence_buffer(2, 4, 4)
     with pytest.raises(ValueError, match="start must be"):
         make_sequence_buffer(2, 8, 4, start="middle")
-    with pytest.raises(ValueError, match="online_window"):
-        make_sequence_buffer(2, 8, 4, online_window=9)
+    for window in (9, -1):
+        with pytest.raises(ValueError, match="online_window"):
+            make_sequence_buffer(2, 8, 4, online_window=window)
     for key in ("priority_exponent", "length_power"):  # 0 is a value (uniform), below it is refused
         make_sequence_buffer(2, 8, 4, **{key: 0.0})
         with pytest.raises(ValueError, match=f"{key} must be >= 0"):

@@ -84,6 +84,8 @@ def test_episode_stats_against_numpy():
     got = []
     for r, d in zip(rewards, dones):
         stats, fin = stats.update(jnp.asarray(r), jnp.asarray(d))
+        # envs whose episode did not end report nothing: score 0, length 0
+        assert not np.asarray(fin.score)[~d].any() and not np.asarray(fin.length)[~d].any()
         got += [(t, e, float(fin.score[e]), int(fin.length[e])) for e in range(3) for t in [len(got)]
                 if d[e]]
     ret, length, expected = np.zeros(3), np.zeros(3, int), []

@@ -69,7 +69,8 @@ def test_postfix_says_no_episode_finished_yet_instead_of_nan(tmp_path, capsys):
 
 
 def test_resumed_run_shows_the_last_return_of_its_history(tmp_path, capsys):
-    history = [{"env_steps": 100, "seed": 0, "episode_return": 5.0}, {"env_steps": 200, "seed": 0, "episode_return": None}]
+    history = [{"env_steps": 50, "seed": 0, "episode_return": 1.0}, {"env_steps": 100, "seed": 0, "episode_return": 5.0},
+               {"env_steps": 200, "seed": 0, "episode_return": None}]  # the newest log that has a return: 5.0
     logger = RunLogger(_cfg(1000), tmp_path)
     logger.start(start_step=200, num_seeds=1, history=history, total_steps=1000)
     assert logger._bar.n == 200 and "ret=5.0" in str(logger._bar)

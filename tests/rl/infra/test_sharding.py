@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
 
 from rl.infra import distributed, sharding
 
@@ -230,6 +231,16 @@ def test_distributed_enabled_starts_jax_distributed_once_with_the_given_keys(mon
     assert calls == [{"coordinator_address": "x:1", "num_processes": 2, "process_id": 1,
                       "initialization_timeout": 300}]
     assert distributed.initialize(section) is True and len(calls) == 1
+
+
+def test_leading_shardings_split_the_buffer_rows_and_replicate_the_rest():
+    """A Sebulba learner's state: with `shard_data`, axis 0 over `data` where it divides, 1-D leaves (a row
+    counter `[E]`) included; scalars and the agent state replicated."""
+    mesh = sharding.mesh_over(jax.devices()[:1])
+    tree = {"rows": jnp.zeros((4, 3)), "written": jnp.zeros(4, jnp.int32), "head": jnp.zeros((), jnp.int32)}
+    specs = {k: v.spec for k, v in sharding.leading_shardings(mesh, tree, shard_data=True).items()}
+    assert specs == {"rows": P(sharding.DATA_AXIS), "written": P(sharding.DATA_AXIS), "head": P()}
+    assert all(v.spec == P() for v in sharding.leading_shardings(mesh, tree, shard_data=False).values())
 
 
 def test_mesh_over_takes_exactly_the_devices_given_in_order():

@@ -438,6 +438,7 @@ def test_xla_key_picks_the_actor_loop():
 
 DEVICE_PROBE = """
 import json
+import jax
 from tests.rl.runners.test_sebulba_handoffs import Sebulba, VersionAgent, scripted_source, sebulba_cfg, validate
 out = {}
 for name, over in {"default": [], "a1": ["env.actor_devices=1"], "a1l1": ["env.actor_devices=1", "env.learner_devices=1"],
@@ -448,6 +449,10 @@ for name, over in {"default": [], "a1": ["env.actor_devices=1"], "a1l1": ["env.a
                  "state": sorted(d.id for d in state.agent["version"].devices()),
                  "published": sorted((d.id, *(x.id for x in v["version"].devices()))
                                      for d, v in runner.publish(state.agent).items())}
+    with runner.session(state, 0) as session:  # chunks cross from the actor to the learner devices
+        state, steps, totals = session.advance(state, 0, 8)
+    out[name]["trained"] = [steps, int(state.agent["version"]), sorted(d.id for d in state.agent["version"].devices()),
+                            sorted({d.id for x in jax.tree_util.tree_leaves(totals) for d in x.devices()})]
 print(json.dumps(out))
 """
 
@@ -455,8 +460,11 @@ print(json.dumps(out))
 def test_device_keys_place_actors_and_learner():
     """On 3 forced CPU devices: `env.actor_devices=N` acts on the first N devices and the learner takes the
     rest, or `env.learner_devices=M` of them; with only `learner_devices` the actors stay on device 0; the
-    learner state lives on the learner devices and parameters are published to every actor device."""
+    learner state lives on the learner devices and parameters are published to every actor device; a short
+    session trains with each split."""
     out = run_probe(DEVICE_PROBE, devices=3)
-    placed = lambda a, l: {"actors": a, "learner": l, "state": l, "published": [[d, d] for d in a]}
+    # ... and training runs there: 2 chunks of 2 recvs x 2 envs, one update each, state and sums on the learner.
+    placed = lambda a, l: {"actors": a, "learner": l, "state": l, "published": [[d, d] for d in a],
+                           "trained": [8, 2, l, l]}
     assert out == {"default": placed([0], [0]), "a1": placed([0], [1, 2]), "a1l1": placed([0], [1]),
                    "l2": placed([0], [0, 1]), "a2": placed([0, 1], [2])}
