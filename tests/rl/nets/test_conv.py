@@ -141,3 +141,29 @@ def test_bad_impl():
         use_fast("cudnn")
     with pytest.raises(ValueError, match="padding"):
         conv2d(jnp.zeros((1, 5, 5, 1)), jnp.zeros((3, 3, 1, 1)), padding="CIRCULAR", impl="fast")
+
+
+def test_impala_torso_equals_the_paper_architecture_in_plain_jax():
+    """ImpalaCNN against a plain-JAX reading of Espeholt et al. (2018, Fig. 3) with the same parameters: per
+    stage a 3x3 conv, a 3x3 max-pool with stride 2 (SAME), two residual blocks (relu, conv, relu, conv, +skip);
+    then relu, flatten, dense, relu. Pixels scaled to [0, 1]."""
+    torso = ImpalaCNN((4, 8), 16)
+    x = jax.random.randint(jax.random.PRNGKey(0), (2, 11, 11, 3), 0, 256).astype(jnp.uint8)
+    params = torso.init(jax.random.PRNGKey(1), x)["params"]
+
+    def conv(p, h):
+        out = jax.lax.conv_general_dilated(h, p["kernel"], (1, 1), "SAME",
+                                           dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return out + p["bias"]
+
+    h = x.astype(jnp.float32) / 255.0
+    convs, blocks = (params[f"Conv_{i}"] for i in range(2)), iter(params[f"ResidualBlock_{i}"] for i in range(4))
+    for p in convs:
+        h = conv(p, h)
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+        for _ in range(2):
+            b = next(blocks)
+            h = h + conv(b["Conv_1"], jax.nn.relu(conv(b["Conv_0"], jax.nn.relu(h))))
+    h = jax.nn.relu(h).reshape(2, -1)
+    ref = jax.nn.relu(h @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
+    _close(torso.apply({"params": params}, x), ref)
