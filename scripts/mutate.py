@@ -306,6 +306,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
     ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
         "minimum is symmetric",
+    ("rl/runners/totals.py", 'out = {"episode_return": np.where(n > 0, t.score / n, np.nan),', "gt_to_ge"):
+        "where no episode ended (n = 0) the score sum is 0 too: 0 / 0 is the same NaN",
     ("rl/envs/gymnax_source.py", "obs, _ = env.reset(jax.random.PRNGKey(0), params)", "plus_one"):
         "this reset only reads the observation's shape and dtype, the same for every key",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
