@@ -246,7 +246,7 @@ def test_dqn_learns_cartpole_async(tmp_path):
 def test_device_split_and_thread_config_errors():
     """`env.actor_devices` / `env.learner_devices` -> (actor devices, learner devices), disjoint when actors
     are named; the default keeps everything on device 0. Bad thread / device counts are refused by name."""
-    from rl.runners.sebulba import split_devices
+    from rl.runners.sebulba_devices import split_devices
 
     d = list("abcd")  # stand-ins for jax devices
     assert split_devices(None, None, d) == (["a"], ["a"])
