@@ -631,11 +631,13 @@ def imported(source: str) -> set[str]:
 
 
 def test_map(tree: Path, paths: list[str]) -> dict[str, list[str]]:
-    """Each library file's test files: those importing its module, `test_<module>.py` first; or TESTS_OF's."""
+    """Each library file's test files: its own `tests/<dir>/test_<module>.py` first (whatever it imports), then
+    those importing its module; or TESTS_OF's."""
     imports = {f.relative_to(tree).as_posix(): imported(f.read_text()) for f in sorted(tree.glob("tests/**/test_*.py"))}
     out = {}
     for path in paths:
-        files = [f for f, names in imports.items() if module_of(path) in names]
+        own = (Path("tests") / Path(path).parent / f"test_{Path(path).stem}.py").as_posix()
+        files = [f for f, names in imports.items() if module_of(path) in names or f == own]
         out[path] = list(TESTS_OF[path]) if path in TESTS_OF else sorted(
             files, key=lambda f: Path(f).stem != f"test_{Path(path).stem}")
         out[path] += [f for f in ALSO_TESTS.get(path, ()) if f not in out[path]]
