@@ -32,3 +32,11 @@ def test_acrobot_links_start_at_the_frame_centre_and_are_8_px_thick():
     assert 120 <= columns.min() <= 125 and columns.max() >= 225  # from the pivot to the tip (2 of 2.2 radii)
     for x in (140, 150, 190, 200):  # between the joints' dots
         np.testing.assert_array_equal(np.nonzero(link[:, x])[0], np.arange(117, 125))
+
+
+def test_each_env_plays_back_at_its_own_frame_rate():
+    """Videos play at the env's real-time rate: gym's `render_fps` for the classic-control envs (CartPole's
+    tau 0.02 s -> 50, Acrobot 15, MountainCar 30), 60 Hz / frame skip 4 for Atari, 10 for MinAtar and Catch."""
+    expected = {("gymnax", "CartPole-v1"): 50, ("gymnax", "Acrobot-v1"): 15, ("gymnax", "MountainCar-v0"): 30,
+                ("gymnax", "Breakout-MinAtar"): 10, ("gymnax", "Catch-bsuite"): 10, ("envpool", "Pong-v5"): 15}
+    assert {k: video.renderer(SimpleNamespace(source=k[0], id=k[1])).fps for k in expected} == expected
