@@ -41,8 +41,15 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent, population_bounds, population_keys
-from rl.config import (ConfigError, TrainConfig, check_resumable, check_top_level, compose, current_names,
-                       resume_config)
+from rl.config import (
+    ConfigError,
+    TrainConfig,
+    check_resumable,
+    check_top_level,
+    compose,
+    current_names,
+    resume_config,
+)
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory, xla_cpu
 from rl.learning.pbt import PBTConfig, pbt_config

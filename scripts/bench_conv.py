@@ -96,7 +96,7 @@ def main(argv=None) -> None:
             entries[impl + "_fwd"] = ({"calls": calls_runner(fwd_body, k)}, fwd_carry)
         res = time_interleaved(entries, k, args.repeats)
 
-        def ms(impl, way):
+        def ms(impl, way, res=res):
             t = res[impl][way]
             return 1e3 * t.per_step_s, 1e3 * min(t.runs_s)
 

@@ -193,7 +193,7 @@ def test_loss_and_gradient_match_numpy_reference(loss, double_q, prioritised):
                                                                            np.asarray(batch.next_obs)).argmax(1)
     assert disagree[np.asarray(batch.discount) > 0].sum() >= 3
 
-    (value, (td, q_taken)), grads = jax.value_and_grad(agent._loss, has_aux=True)(params, target_params, batch)
+    (value, (td, _)), grads = jax.value_and_grad(agent._loss, has_aux=True)(params, target_params, batch)
     ref_value, ref_grads, ref_td, _ = _np_loss_and_grad(params, target_params, batch, loss=loss, double_q=double_q,
                                                          beta=0.5 if prioritised else None)
     if loss == "huber":
@@ -238,7 +238,7 @@ def test_prioritised_train_step_sets_priorities_and_weights():
                                                 beta=beta)
     np.testing.assert_allclose(float(agent._loss(state.params, state.target_params, batch)[0]), ref_value, rtol=1e-5)
 
-    new_state, buf2, metrics = jax.jit(agent.train_step)(state, buf, key)
+    _, buf2, metrics = jax.jit(agent.train_step)(state, buf, key)
     np.testing.assert_allclose(float(metrics["loss"]), np.mean(0.5 * ref_td**2), rtol=1e-5)
     slots = np.asarray(batch.slots)
     stored = np.asarray(seq.priorities(buf2, jnp.asarray(slots)))

@@ -18,8 +18,8 @@ from rl.experiment import validate
 from rl.learning.agent import episode_done
 from rl.runners.anakin import Anakin
 from rl.runners.sebulba import Sebulba
-from tests.rl.runners.test_anakin import CountingAgent
 from tests.rl.envs.test_envpool_source import cartpole_next
+from tests.rl.runners.test_anakin import CountingAgent
 
 LIMIT = 20  # time limit of the test episodes: truncation happens often
 OUT = 12 * 2 * np.pi / 360
@@ -84,7 +84,7 @@ def test_anakin_writes_the_steps_and_the_carry_before_acting():
     state, it = runner.init()
     state, it, _ = runner.chunk(state, it, runner.zero_totals(state), runner.total_iters)
     for s in range(2):
-        rows = jax.tree_util.tree_map(lambda x: x[s], state.buffer.rows.data)
+        rows = jax.tree_util.tree_map(lambda x, s=s: x[s], state.buffer.rows.data)
         check_rows(rows, np.asarray(state.buffer.rows.written[s]))
 
 
@@ -96,5 +96,5 @@ def test_sebulba_writes_the_steps_and_the_carry_before_acting(xla):
     runner = Sebulba(validate(cfg), RecordingAgent(6, 256), source)
     state = runner.init()
     with runner.session(state, 0) as session:
-        state, steps, _ = session.advance(state, 0, 1200)
+        state, _, _ = session.advance(state, 0, 1200)
     check_rows(state.buffer.rows.data, np.asarray(state.buffer.rows.written))
