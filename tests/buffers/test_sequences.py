@@ -387,3 +387,20 @@ def test_the_last_slot_keeps_its_weight_when_the_slots_fill_whole_tree_blocks():
     w = ref.weights()
     assert w.shape == (E * T,) and w[-1] > 0
     np.testing.assert_allclose(np.asarray(jax.jit(j.buf.weights)(state)), w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("period", [1, 2])  # a tree leaf per slot / per aligned slot (stride 2)
+def test_zeroed_priorities_sample_nothing(period):
+    """Stored, eligible starts whose priorities are all set to 0 leave a zero total: sampling gives an
+    all-masked batch with zero probabilities (the contract of an empty buffer), not the stale remaining
+    lengths of the leaves the sum tree falls back to."""
+    buf = jitted(make_sequence_buffer(E, T, L, period=period, priority_exponent=0.6))
+    state = buf.init(PROTO)
+    steps = {"x": np.arange(E, dtype=np.int32), "v": np.zeros((E, 2), np.float32), "done": np.zeros(E, bool)}
+    for _ in range(T):
+        state = buf.add(state, steps, np.arange(E, dtype=np.int32))
+    assert bool(buf.can_sample(state))
+    state = buf.set_priorities(state, np.arange(E * T, dtype=np.int32), np.zeros(E * T, np.float32))
+    assert float(sumtree.total(state.weights.tree)) == 0 and not bool(buf.can_sample(state))
+    s = buf.sample(state, jax.random.key(0), 8)
+    assert not np.asarray(s.mask).any() and not np.asarray(s.probabilities).any()

@@ -166,6 +166,27 @@ def test_summary_csv_of_final_returns(tmp_path):
     assert (failed["status"], failed["final_return"], failed["error"]) == ("FAILED", "", "ValueError: bad")
 
 
+def test_population_summary_has_each_members_final_and_greedy_returns(tmp_path):
+    """summarize_members: one row per member, its overrides, the mean/std over its seeds of the last logged
+    return (metrics.csv rows keyed by member and seed) and of each seed's mean greedy return (summary.json's
+    eval_returns, member-major)."""
+    with (tmp_path / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env_steps", "member", "agent.optim.lr", "seed", "episode_return"])
+        w.writerows([[100, 0, 0.1, 0, 1], [100, 0, 0.1, 1, 3], [100, 1, 0.2, 0, 5], [100, 1, 0.2, 1, 9],
+                     [200, 0, 0.1, 0, 2], [200, 0, 0.1, 1, 4], [200, 1, 0.2, 0, 6], [200, 1, 0.2, 1, ""]])
+    (tmp_path / "summary.json").write_text(json.dumps({"env_steps": 200, "eval_returns": [
+        [1.0, 3.0], [5.0, 5.0], [10.0, 20.0], [30.0, 30.0]]}))  # member 0: seeds 0, 1; member 1: seeds 0, 1
+    rows = sweep.summarize_members(tmp_path, [{"agent.optim.lr": 0.1}, {"agent.optim.lr": 0.2}])
+    table = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert [(r["member"], r["agent.optim.lr"]) for r in table] == [("0", "0.1"), ("1", "0.2")]
+    expected = [(3.0, 1.0, 3.5, 1.5), (7.5, 1.5, 22.5, 7.5)]  # final (last non-empty) and eval, mean and std
+    for row, csv_row, want in zip(rows, table, expected):
+        got = tuple(row[k] for k in ("final_return", "final_return_std", "eval_return", "eval_return_std"))
+        assert got == pytest.approx(want) and float(csv_row["eval_return"]) == pytest.approx(want[2])
+        assert (row["seeds"], row["env_steps"]) == (2, 200)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # runpy: rl.infra.sweep is already imported
 def test_command_line_rewrites_the_summary(tmp_path, monkeypatch, capsys):
     """`python -m rl.infra.sweep <sweep dir>` (README) writes the sweep's summary.csv and prints its path;
