@@ -61,8 +61,11 @@ def test_nature_cnn_layout_and_scaling():
     np.testing.assert_allclose(y_last, y_first, rtol=1e-5, atol=1e-5)
     y_float = last.apply(params, x.astype(jnp.float32) / 255.0)
     np.testing.assert_allclose(y_last, y_float, rtol=1e-5, atol=1e-5)
-    # The Nature stack: 84 -> 20 -> 9 -> 7 spatial, 64 channels into the dense layer.
-    assert params["params"]["Dense_0"]["kernel"].shape == (7 * 7 * 64, 8)
+    # The Nature stack (Mnih et al. 2015): 32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1 (84 -> 20 -> 9 -> 7
+    # spatial), 64 channels into the dense layer.
+    shapes = {k: v["kernel"].shape for k, v in params["params"].items()}
+    assert shapes == {"Conv_0": (8, 8, 4, 32), "Conv_1": (4, 4, 32, 64), "Conv_2": (3, 3, 64, 64),
+                      "Dense_0": (7 * 7 * 64, 8)}
 
 
 def test_dueling_head_identifiable():
