@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+from rl.infra import distributed
 from tests.rl.infra.test_multiprocess import ROOT, _env, _finish
 from tests.rl.infra.test_sharding import _free_port
 
@@ -25,3 +26,16 @@ def test_agreement_while_a_learner_program_runs_shares_process_0s_end_and_any_si
     # process 0's end (1000 i; process 1 proposed 1000 i + 7), and the signal only process 1 received
     assert got["agreed"] == [[1000 * i, 15 if i == ROUNDS - 3 else None] for i in range(ROUNDS)]
     assert got["run_dir"] == "/tmp/run-of-0"  # process 0's run dir on every process
+
+
+def test_agree_takes_process_0s_end_and_the_first_signal_received(monkeypatch):
+    """One agreement with three processes' answers (patched exchange): the end is process 0's, whoever
+    proposes a larger or smaller one; the signal is this process's own, else the first one received."""
+    answers = ["100,0", "250,0", "50,10"]
+    sent = []
+    monkeypatch.setattr(distributed, "exchange", lambda value: sent.append(value) or answers)
+    assert distributed.agree(250, None) == (100, 10)
+    assert distributed.agree(250, 15) == (100, 15)  # its own signal first
+    answers[2] = "50,0"
+    assert distributed.agree(50, None) == (100, None)
+    assert sent == ["250,0", "250,15", "50,0"]
