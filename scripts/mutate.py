@@ -310,6 +310,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "where no episode ended (n = 0) the score sum is 0 too: 0 / 0 is the same NaN",
     ("rl/envs/gymnax_source.py", "obs, _ = env.reset(jax.random.PRNGKey(0), params)", "plus_one"):
         "this reset only reads the observation's shape and dtype, the same for every key",
+    ("agents/r2d2.py", ("q_tm1, a_tm1, q_t, a_t, r_t, d_t, cfg.n_step, stop_target_gradients=True, "
+                        "tx_pair=self.tx_pair"), "true_to_false"):
+        "q_t comes from the target parameters under stop_gradient, and the gradient is taken w.r.t. the online "
+        "parameters only: rlax's own stop on the target changes nothing",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):

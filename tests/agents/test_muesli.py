@@ -397,6 +397,10 @@ def test_targets_match_numpy_reference(reference_problem):
     mu_hat = ref["ema"][0] / (1 - ref["ema"][2])
     assert mu_hat**2 > 0.2 * ref["scale"] ** 2  # the mean term of the second moment is not negligible
     assert (~m & valid).any() and m.sum() >= 8
+    # The logged means: the prior's value over the valid steps, the Retrace value over those with a target.
+    assert not np.asarray(valid).all()
+    np.testing.assert_allclose(float(metrics["value_prior"]), ref["v"][np.asarray(valid)].mean(), rtol=1e-4)
+    np.testing.assert_allclose(float(metrics["retrace_target"]), ref["V"][m].mean(), rtol=1e-4, atol=1e-4)
 
 
 def test_loss_and_gradient_match_reference(reference_problem):

@@ -249,3 +249,18 @@ def test_mesh_over_takes_exactly_the_devices_given_in_order():
     mesh = sharding.mesh_over(devices)
     assert dict(mesh.shape) == {sharding.SEED_AXIS: 1, sharding.DATA_AXIS: len(devices)}
     assert list(mesh.devices.flat) == devices
+
+
+def test_from_host_fills_each_device_with_its_slice():
+    """from_host (no collective): a global array of the given sharding whose every shard is the host value's
+    slice at that shard's index, for a split and a replicated leaf, a scalar included."""
+    mesh = sharding.mesh_over(jax.devices())
+    n = len(jax.devices())
+    tree = {"rows": np.arange(4 * n * 3, dtype=np.float32).reshape(4 * n, 3), "head": np.int32(7)}
+    shardings = {"rows": jax.sharding.NamedSharding(mesh, P(sharding.DATA_AXIS)), "head": sharding.replicated(mesh)}
+    out = {k: sharding.from_host(v, shardings[k]) for k, v in tree.items()}
+    for k, x in out.items():
+        assert x.sharding == shardings[k] and x.shape == np.shape(tree[k])
+        np.testing.assert_array_equal(np.asarray(x), tree[k])
+        for shard in x.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(tree[k])[shard.index])
