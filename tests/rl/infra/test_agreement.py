@@ -39,3 +39,36 @@ def test_agree_takes_process_0s_end_and_the_first_signal_received(monkeypatch):
     answers[2] = "50,0"
     assert distributed.agree(50, None) == (100, None)
     assert sent == ["250,0", "250,15", "50,0"]
+
+
+class _Store:
+    """A coordination service's key-value store, the other process's values set in advance."""
+
+    def __init__(self, other: dict[str, str]):
+        self.kv = dict(other)
+
+    def key_value_set(self, key, value):
+        self.kv[key] = value
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        return self.kv[key]
+
+    def key_value_delete(self, key):
+        del self.kv[key]
+
+
+def test_exchange_returns_values_in_process_order_and_keeps_only_the_last_two_rounds(monkeypatch):
+    """Process 1 of 2: each round returns [process 0's, its own] value; a process deletes its key of round
+    r - 2 at round r (every process has read it by then), so a long run leaves at most two keys of its own in
+    the store, never one per agreement."""
+    import jax
+
+    store = _Store({f"rl/exchange/{r}/0": f"p0-{r}" for r in range(1, 7)})
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    monkeypatch.setattr(distributed, "_client", lambda: store)
+    monkeypatch.setattr(distributed, "_round", 0)
+    for r in range(1, 7):
+        assert distributed.exchange(f"p1-{r}") == [f"p0-{r}", f"p1-{r}"]
+        assert sorted(k for k in store.kv if k.endswith("/1")) == [
+            f"rl/exchange/{q}/1" for q in range(max(1, r - 1), r + 1)]

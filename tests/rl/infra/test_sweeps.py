@@ -187,6 +187,18 @@ def test_population_summary_has_each_members_final_and_greedy_returns(tmp_path):
         assert (row["seeds"], row["env_steps"]) == (2, 200)
 
 
+def test_find_runs_orders_by_job_number_then_path(tmp_path):
+    """Run dirs (a metrics.csv) in hydra job order: job.json's number, else a numeric dir name; runs with
+    neither, and a job.json without a number, come last, by path."""
+    for name, job in (("b", {"job": 10}), ("a", None), ("2", None), ("c", {"job": 1}), ("z", {}), ("m", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.csv").write_text("env_steps,seed\n")
+        if job is not None:
+            (tmp_path / name / "job.json").write_text(json.dumps(job))
+    (tmp_path / "no_metrics").mkdir()
+    assert [p.name for p in sweep.find_runs(tmp_path)] == ["c", "2", "b", "a", "m", "z"]
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # runpy: rl.infra.sweep is already imported
 def test_command_line_rewrites_the_summary(tmp_path, monkeypatch, capsys):
     """`python -m rl.infra.sweep <sweep dir>` (README) writes the sweep's summary.csv and prints its path;
