@@ -535,6 +535,9 @@ def test_act_returns_behaviour_log_probs():
 def test_bad_config_is_rejected_with_the_key_named():
     with pytest.raises(ConfigError, match="replay_fraction"):
         agent_config({**SMALL, "replay_fraction": 1.5})
+    with pytest.raises(ConfigError, match="learning_starts must be >= 0, got -1"):
+        agent_config({**SMALL, "learning_starts": -1})
+    assert agent_config({**SMALL, "learning_starts": 0}).learning_starts == 0
     with pytest.raises(ConfigError, match="torso"):
         agent_config({**SMALL, "network": {"torso": "transformer"}})
     with pytest.raises(ConfigError, match="batch_sise"):

@@ -108,6 +108,25 @@ def test_learning_curve_axes_name_env_steps_and_the_metric(tmp_path, monkeypatch
     assert labels == [[("env steps", "eval return", "CartPole")]]
 
 
+
+def test_learning_curve_draws_each_seed_and_their_mean_only_for_several(tmp_path, monkeypatch):
+    """One line per seed; the black mean line (the mean over the seeds logged at each step) only when there
+    are several seeds: one seed's curve is its own mean."""
+    lines = []
+    original = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        lines.append({ln.get_label(): list(ln.get_ydata()) for ax in fig.axes for ln in ax.get_lines()})
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    one = [{"env_steps": s, "seed": 0, "episode_return": r} for s, r in ((100, 1.0), (200, 3.0))]
+    two = one + [{"env_steps": 100, "seed": 1, "episode_return": 5.0}, {"env_steps": 200, "seed": 1,
+                                                                        "episode_return": 9.0}]
+    plot_learning_curve(one, tmp_path / "one.png")
+    plot_learning_curve(two, tmp_path / "two.png")
+    assert lines == [{"seed 0": [1.0, 3.0]}, {"seed 0": [1.0, 3.0], "seed 1": [5.0, 9.0], "mean": [3.0, 6.0]}]
+
 # --------------------------------------------------------------------------- quiet start (a real tiny run)
 NOISE = ("Unable to initialize backend", "libtpu", "precision lowered", "W&B", "Weights & Biases", "Tracking run",
          "wandb sync", "fontManager", "UserWarning", "Warning:", "[absl]")

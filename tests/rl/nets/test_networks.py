@@ -34,7 +34,7 @@ def test_torso_by_rank_and_leading_dims(shape, dtype, kind, convs):
 
 
 @pytest.mark.parametrize("shape, convs", [
-    ((20, 84, 4), 1), ((4, 20, 84), 1), ((4, 84, 20), 1),  # one spatial side below 36: the MinAtar CNN
+    ((20, 84, 4), 1), ((84, 20, 4), 1), ((4, 20, 84), 1), ((4, 84, 20), 1),  # a side below 36: the MinAtar CNN
     ((40, 84, 4), 3), ((4, 40, 84), 3),  # both sides >= 36: the Nature CNN
 ])
 def test_auto_torso_reads_the_smaller_spatial_side_in_either_layout(shape, convs):
