@@ -284,12 +284,15 @@ TESTS_OF: dict[str, tuple[str, ...]] = {
     "rl/learning/target_update.py": ("tests/agents/test_dqn.py", "tests/agents/test_muesli.py"),
     "rl/runners/totals.py": ("tests/rl/runners/test_runner_options.py", "tests/rl/runners/test_faults.py", "tests/rl/runners/test_resume.py"),
 }
-# Test files that run a module in subprocesses (several jax processes) without importing it: run after the
-# files that import it.
+# Test files that run a module without importing it, run after the files that import it: the multi-process
+# tests (several jax processes in subprocesses), the PBT tests (the Anakin runner's event chunks, reached
+# through rl.experiment) and the Sebulba hand-off tests (its greedy evaluation, through the runner).
 ALSO_TESTS: dict[str, tuple[str, ...]] = {
-    path: ("tests/rl/infra/test_multiprocess.py",)
-    for path in ("rl/runners/sebulba.py", "rl/runners/sebulba_learner.py", "rl/runners/sebulba_actor.py",
-                 "rl/infra/distributed.py", "rl/runners/loop.py")
+    **{path: ("tests/rl/infra/test_multiprocess.py",)
+       for path in ("rl/runners/sebulba.py", "rl/runners/sebulba_learner.py", "rl/runners/sebulba_actor.py",
+                    "rl/infra/distributed.py", "rl/runners/loop.py")},
+    "rl/runners/anakin.py": ("tests/rl/learning/test_pbt.py",),
+    "rl/runners/evaluate.py": ("tests/rl/runners/test_sebulba_handoffs.py",),
 }
 
 # Mutants that cannot change behaviour, keyed by (file, the stripped source line, operator), with the reason.
@@ -314,6 +317,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
                         "tx_pair=self.tx_pair"), "true_to_false"):
         "q_t comes from the target parameters under stop_gradient, and the gradient is taken w.r.t. the online "
         "parameters only: rlax's own stop on the target changes nothing",
+    ("buffers/starts.py", "@dataclasses.dataclass(frozen=True)", "true_to_false"):
+        "SequenceRules is built afresh from the buffer on every use (SequenceBuffer._rules) and never assigned to "
+        "or hashed: frozen or not, no behaviour changes",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):

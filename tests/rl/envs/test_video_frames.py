@@ -40,3 +40,19 @@ def test_each_env_plays_back_at_its_own_frame_rate():
     expected = {("gymnax", "CartPole-v1"): 50, ("gymnax", "Acrobot-v1"): 15, ("gymnax", "MountainCar-v0"): 30,
                 ("gymnax", "Breakout-MinAtar"): 10, ("gymnax", "Catch-bsuite"): 10, ("envpool", "Pong-v5"): 15}
     assert {k: video.renderer(SimpleNamespace(source=k[0], id=k[1])).fps for k in expected} == expected
+
+
+def test_cartpole_cart_is_gymnasiums_box_at_its_position_and_the_pole_stands_on_it():
+    """x = 1.2 (half of x_threshold 2.4 to the right), upright: the track spans the 320 px width, so the cart's
+    centre is at column 160 + 80 = 240; the cart is gymnasium's 50 x 30 box at 600 px scaled to 320 px (28 x 16,
+    rows 164-179 above the track at row 180); the pole (length 2 x 0.5 = 66.7 px) rises from the axle, 3/4 of
+    the cart's height up."""
+    draw = video.renderer(SimpleNamespace(source="gymnax", id="CartPole-v1")).frame
+    frame = draw(np.array([1.2, 0.0, 0.0, 0.0], np.float32))
+    assert frame.shape == (240, 320, 3)
+    black = np.all(frame == 0, axis=-1)
+    assert black[180].all()  # the track
+    rows, cols = np.nonzero(black[:180])
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (164, 179, 226, 254)
+    rows, cols = np.nonzero(np.all(frame == (202, 152, 101), axis=-1))
+    assert rows.min() == 101 and 237 <= cols.min() and cols.max() <= 242  # 168 - 66.7 up, 6 px wide around 240
