@@ -320,6 +320,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("buffers/starts.py", "@dataclasses.dataclass(frozen=True)", "true_to_false"):
         "SequenceRules is built afresh from the buffer on every use (SequenceBuffer._rules) and never assigned to "
         "or hashed: frozen or not, no behaviour changes",
+    ("agents/dqn.py", "min_size=max(cfg.batch_size // num_envs, 1))", "minus_one"):
+        "min_size 0 or 1: can_sample also needs a positive total weight, i.e. a stored start, so at least one "
+        "stored step (size >= 1) whenever it is true",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
