@@ -323,6 +323,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("agents/dqn.py", "min_size=max(cfg.batch_size // num_envs, 1))", "minus_one"):
         "min_size 0 or 1: can_sample also needs a positive total weight, i.e. a stored start, so at least one "
         "stored step (size >= 1) whenever it is true",
+    ("rl/runners/anakin.py", "ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))",
+     "plus_one"):
+        "seed 1's readiness for seed 0's: the seeds step in lockstep, so every seed's buffer holds the same steps "
+        "(and with one seed jax clamps index 1 to 0)",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
