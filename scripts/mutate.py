@@ -307,6 +307,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
         "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
+    ("rl/envs/video.py", "fresh = bool(r.terminated[0] | r.truncated[0])", "minus_one"):
+        "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
     ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
         "minimum is symmetric",
     ("rl/runners/totals.py", 'out = {"episode_return": np.where(n > 0, t.score / n, np.nan),', "gt_to_ge"):
