@@ -382,6 +382,15 @@ def test_greedy_evaluation_stops_counting_at_each_episode_end():
     np.testing.assert_array_equal(np.asarray(returns), [2, 3, 4, 5])
     np.testing.assert_array_equal(np.asarray(lengths), [2, 3, 4, 5])
 
+    class DoubleRewards(CorridorSource):  # returns twice the lengths: each output tells which it is
+        def step(self, t, action, key):
+            t, ts = super().step(t, action, key)
+            return t, ts.replace(reward=2 * ts.reward)
+
+    returns, lengths = evaluate(agent, agent.init(None, None), DoubleRewards(4), jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(np.asarray(returns), [4, 6, 8, 10])
+    np.testing.assert_array_equal(np.asarray(lengths), [2, 3, 4, 5])
+
 
 def test_anakin_evaluation_is_greedy_and_stops_counting_at_the_episode_end(monkeypatch):
     """`Anakin.evaluate`, as the host loop calls it with `eval_episodes`: every seed plays one greedy
