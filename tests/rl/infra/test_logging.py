@@ -116,7 +116,8 @@ def test_learning_curve_draws_each_seed_and_their_mean_only_for_several(tmp_path
     original = matplotlib.figure.Figure.savefig
 
     def savefig(fig, *args, **kwargs):
-        lines.append({ln.get_label(): list(ln.get_ydata()) for ax in fig.axes for ln in ax.get_lines()})
+        lines.append({ln.get_label(): (list(ln.get_ydata()), ln.get_alpha()) for ax in fig.axes
+                      for ln in ax.get_lines()})
         return original(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
@@ -125,7 +126,9 @@ def test_learning_curve_draws_each_seed_and_their_mean_only_for_several(tmp_path
                                                                         "episode_return": 9.0}]
     plot_learning_curve(one, tmp_path / "one.png")
     plot_learning_curve(two, tmp_path / "two.png")
-    assert lines == [{"seed 0": [1.0, 3.0]}, {"seed 0": [1.0, 3.0], "seed 1": [5.0, 9.0], "mean": [3.0, 6.0]}]
+    # a lone seed's line is opaque; several seeds' lines are half transparent under their opaque mean
+    assert lines == [{"seed 0": ([1.0, 3.0], 1.0)},
+                     {"seed 0": ([1.0, 3.0], 0.5), "seed 1": ([5.0, 9.0], 0.5), "mean": ([3.0, 6.0], None)}]
 
 # --------------------------------------------------------------------------- quiet start (a real tiny run)
 NOISE = ("Unable to initialize backend", "libtpu", "precision lowered", "W&B", "Weights & Biases", "Tracking run",
