@@ -72,7 +72,7 @@ def test_choose_matches_numpy(returns, seed):
 def test_next_event():
     """Events fall after the first iteration from `first` on whose env steps reach a multiple of the interval;
     traced and Python arithmetic agree."""
-    for spi, interval, first in [(4, 400, 25), (40, 100, 1), (16, 10, 3), (400, 400, 1)]:
+    for spi, interval, first in [(4, 400, 25), (40, 100, 1), (16, 10, 3), (400, 400, 1), (3, 10, 1), (7, 100, 5)]:
         counts = range(200)
         events = [pbt.next_event(c, spi, interval, first) for c in counts]
         traced = jax.jit(lambda c, spi=spi, interval=interval, first=first: pbt.next_event(c, spi, interval, first))
