@@ -309,6 +309,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
     ("rl/envs/video.py", "fresh = bool(r.terminated[0] | r.truncated[0])", "minus_one"):
         "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
+    ("rl/experiment.py", "seed = typed.seed + jax.process_index() * typed.num_envs * (processes > 1)", "gt_to_ge"):
+        "`>= 1` differs from `> 1` only where processes is 1 and the process index is not 0: an Anakin run on "
+        "several processes, whose gymnax source ignores its seed (envs draw from the runner's keys)",
     ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
         "minimum is symmetric",
     ("rl/runners/totals.py", 'out = {"episode_return": np.where(n > 0, t.score / n, np.nan),', "gt_to_ge"):
