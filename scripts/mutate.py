@@ -295,6 +295,7 @@ ALSO_TESTS: dict[str, tuple[str, ...]] = {
     "rl/runners/evaluate.py": ("tests/rl/runners/test_sebulba_handoffs.py",),
 }
 
+ONE_ENV_RECV = "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]"
 # Mutants that cannot change behaviour, keyed by (file, the stripped source line, operator), with the reason.
 # A line holding the same operator twice is one key: both of its mutants are listed as equivalent.
 EQUIVALENT: dict[tuple[str, str, str], str] = {
@@ -306,9 +307,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "or_to_and"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
-        "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
+        ONE_ENV_RECV,
     ("rl/envs/video.py", "fresh = bool(r.terminated[0] | r.truncated[0])", "minus_one"):
-        "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
+        ONE_ENV_RECV,
     ("rl/experiment.py", "seed = typed.seed + jax.process_index() * typed.num_envs * (processes > 1)", "gt_to_ge"):
         "`>= 1` differs from `> 1` only where processes is 1 and the process index is not 0: an Anakin run on "
         "several processes, whose gymnax source ignores its seed (envs draw from the runner's keys)",
@@ -365,7 +366,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/nets/conv.py", "cols = jnp.stack(taps, axis=-2).reshape(taps[0].shape[:-1] + (kh * kw * c,))", "plus_one"):
         "every tap has the same shape: taps[1].shape is taps[0].shape",
     ("rl/envs/video.py", "score += float(r.score[0])", "minus_one"):
-        "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]",
+        ONE_ENV_RECV,
     ("agents/r2d2.py", "return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))",
      "args_swapped"):
         "at init the target network is a copy of the online one: the two are equal, so swapping them changes nothing",
