@@ -124,6 +124,18 @@ def init_sharded(fn: Callable[..., PyTree], shardings: PyTree | None, *args) -> 
     return jax.jit(fn, out_shardings=shardings)(*args) if shardings is not None else jax.jit(fn)(*args)
 
 
+def loop_shardings(mesh: Mesh | None, state_shardings: PyTree | None, totals: PyTree) -> tuple:
+    """`(state, counter, totals)` placements of a runner's compiled loop, given to it as `out_shardings`
+    and to everything that goes into its first call (init, restore, fresh totals): the call cache is keyed
+    on the inputs' placement, so a restored (committed) state next to fresh (uncommitted) totals, or an
+    equivalent spec spelled differently (`P('seed', 'data')` over a data axis of 1 comes back as
+    `P('seed')`), would compile the whole program a second and third time. One device: all on it."""
+    if mesh is None:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return one, one, one
+    return state_shardings, NamedSharding(mesh, P()), tree_shardings(mesh, totals, shard_data=False)
+
+
 def place(tree: PyTree, shardings: PyTree | None) -> PyTree:
     """Move existing arrays (e.g. a restored checkpoint) to `shardings` (single host); identity for None."""
     return tree if shardings is None else jax.device_put(tree, shardings)

@@ -104,7 +104,6 @@ class Anakin:
         cpu = jax.default_backend() == "cpu"
         self.block = 1 if cpu else ACCELERATOR_BLOCK  # iterations per known-trip-count block (`_repeat`)
         self.select = not cpu  # the train step computed and selected, not under lax.cond
-        self.chunk = jax.jit(self._chunk, donate_argnums=(0, 2))
         self._evaluators = {}  # episodes -> jitted greedy evaluation (`evaluate`)
 
     # --- state --------------------------------------------------------------------------------------
@@ -128,8 +127,20 @@ class Anakin:
         """Initial state of all rows (seed j uses PRNGKey(cfg.seed + j), in every member) and the iteration
         counter."""
         seeds = self.cfg.seed + jnp.arange(self.num_seeds) % self.cfg.seeds
-        state = sharding.init_sharded(self._init_all, self.state_shardings, seeds)
-        return state, jnp.zeros((), jnp.int32)
+        return sharding.init_sharded(lambda seeds: (self._init_all(seeds), jnp.zeros((), jnp.int32)),
+                                     self.placement[:2], seeds)
+
+    @functools.cached_property
+    def placement(self) -> tuple:
+        """Where `chunk`'s `(state, it, totals)` go in and come back (rl/infra/sharding.py `loop_shardings`:
+        placed alike, the program compiles once per run, fresh or resumed)."""
+        return sharding.loop_shardings(self.mesh, self.state_shardings,
+                                       jax.eval_shape(self._totals_zeros))
+
+    @functools.cached_property
+    def chunk(self):
+        """The jitted `_chunk` (state and totals donated)."""
+        return jax.jit(self._chunk, donate_argnums=(0, 2), out_shardings=self.placement)
 
     # --- compiled loop ------------------------------------------------------------------------------
     def _env_step(self, s: RunnerState, _):
@@ -177,12 +188,23 @@ class Anakin:
             totals = totals.add_update(metrics, bad, ready, (it + 1) * self.steps_per_iter)
         return s, it + 1, totals
 
+    @functools.cached_property
+    def _abstract_state(self) -> RunnerState:
+        return jax.eval_shape(self._init_all, jnp.arange(self.num_seeds))
+
+    @functools.cached_property
+    def _totals_zeros(self):
+        """`() -> Totals` of zeros for the train metrics of this agent (their names traced once)."""
+        metrics, bad = jax.eval_shape(self._train, self._abstract_state)[1]
+        return functools.partial(Totals.zeros, self.num_seeds, tuple(metrics), tuple(bad))
+
+    @functools.cached_property
+    def _placed_zeros(self):
+        return jax.jit(self._totals_zeros, out_shardings=self.placement[2])
+
     def zero_totals(self, s: RunnerState) -> Totals:
-        """Fresh `Totals` for the train metrics of this agent (traced once, then cached)."""
-        if getattr(self, "_names", None) is None:
-            metrics, bad = jax.eval_shape(self._train, s)[1]
-            self._names = (tuple(metrics), tuple(bad))
-        return Totals.zeros(self.num_seeds, *self._names)
+        """Fresh `Totals` for the train metrics of this agent, placed as `chunk` returns them."""
+        return self._placed_zeros()
 
     def _chunk(self, s: RunnerState, it: jax.Array, totals: Totals, num_iters: jax.Array):
         """`num_iters` (traced: one compiled program for every length) iterations; returns the state, the
@@ -192,7 +214,7 @@ class Anakin:
         c = _repeat(functools.partial(self._iteration, train=False), collect_only, (s, it, totals), self.block)
         s, it, totals = self._train_iterations(c, num_iters - collect_only)
         totals = guard.check_state(totals, s.agent, it * self.steps_per_iter)
-        return sharding.constrain(s, self.state_shardings), it, totals
+        return s, it, totals
 
     def _train_iterations(self, carry, n: jax.Array):
         """`n` train iterations from `carry` = (state, counter, totals); with PBT in segments, each up to the
@@ -251,8 +273,7 @@ class Anakin:
         return jax.eval_shape(self.init)
 
     def place(self, state):
-        s, it = state
-        return sharding.place(s, self.state_shardings), it
+        return sharding.place(state, self.placement[:2])
 
     @contextlib.contextmanager
     def session(self, state, env_steps: int):

@@ -2,12 +2,13 @@
 `XLA_FLAGS=--xla_force_host_platform_device_count=N`.
 
 `python tests/multidevice/train_run.py OUT.json RUN_DIR key=value ...` writes the final agent params, the
-logged metrics, the eval returns and where the runner state lived.
+logged metrics, the eval returns, where the runner state lived and how often its loop compiled.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import jax
@@ -19,7 +20,15 @@ from rl.infra import sharding
 
 
 def main(out: str, run_dir: str, overrides: list[str]) -> None:
-    result = run(compose(overrides), run_dir)
+    compiles = []  # jax.log_compiles' "Finished XLA compilation of jit(_chunk) ..." lines
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            compiles.extend([1] if record.getMessage().startswith("Finished XLA compilation of jit(_chunk)") else [])
+
+    logging.getLogger("jax").addHandler(Count())
+    with jax.log_compiles(True):
+        result = run(compose(overrides), run_dir)
     state = result["state"][0]  # Anakin: (RunnerState, iteration counter)
     params = sharding.to_host(state.agent.params)
     specs = {name: sorted({str(x.sharding.spec) if hasattr(x.sharding, "spec") else "single"
@@ -33,6 +42,7 @@ def main(out: str, run_dir: str, overrides: list[str]) -> None:
         "eval_returns": result["eval_returns"],
         "metrics_csv": metrics,
         "specs": specs,
+        "chunk_compiles": len(compiles),
     }
     with open(out, "w") as f:
         json.dump(record, f)

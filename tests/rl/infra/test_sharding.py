@@ -76,12 +76,14 @@ def test_four_devices_match_one_device_same_global_batch(tmp_path):
 
 def test_dqn_anakin_four_devices_match_one_device(tmp_path):
     """The real runner (scripts.train.run: DQN, Anakin, checkpoint) on 1 device, on 4 data-parallel devices
-    and on 2 seed x 2 data devices, same global batch: same params, metrics and greedy eval returns."""
+    and on 2 seed x 2 data devices, same global batch: same params, metrics and greedy eval returns; each run
+    compiles its loop once (its state, counter and totals go in placed as they come back)."""
     jobs = {name: ([str(tmp_path / f"{name}.json"), str(tmp_path / name), *DQN, *extra], _env(n))
             for name, n, extra in (("one", 1, []), ("data4", 4, []), ("seed2_data2", 4, ["mesh.seed_devices=2"]))}
     r = _run_all(jobs, tmp_path, script=TRAIN, out_arg=0)
     one = r["one"]
     assert one["devices"] == 1 and one["specs"]["buffer"] == ["single"]
+    assert {name: got["chunk_compiles"] for name, got in r.items()} == {"one": 1, "data4": 1, "seed2_data2": 1}
     for name in ("data4", "seed2_data2"):
         got = r[name]
         assert got["devices"] == 4
@@ -93,8 +95,9 @@ def test_dqn_anakin_four_devices_match_one_device(tmp_path):
         assert rows[0] == rows_one[0] and len(rows) == len(rows_one) == 1 + 4 * 2
         np.testing.assert_allclose(np.array(rows[1:], float), np.array(rows_one[1:], float), rtol=1e-4, atol=1e-6,
                                    equal_nan=True, err_msg=name)
-    # env state and buffer rows split over the data devices; agent params replicated over them
-    assert "P(None, 'data')" in r["data4"]["specs"]["env"] and "P(None, 'data')" in r["data4"]["specs"]["buffer"]
+    # env state and buffer rows split over the data devices; agent params replicated over them (the seed
+    # axis, of size 1 in data4, keeps its name in the placement the loop is given)
+    assert "P('seed', 'data')" in r["data4"]["specs"]["env"] and "P('seed', 'data')" in r["data4"]["specs"]["buffer"]
     assert all("data" not in spec for spec in r["data4"]["specs"]["agent"])
     assert "P('seed', 'data')" in r["seed2_data2"]["specs"]["buffer"]
     assert r["seed2_data2"]["specs"]["agent"] == ["P('seed',)"]
@@ -120,7 +123,8 @@ def test_sequence_agents_four_devices_match_one_device(tmp_path, agent):
     jobs = {name: ([str(tmp_path / f"{name}.json"), str(tmp_path / name), *common], _env(n))
             for name, n in (("one", 1), ("data4", 4))}
     r = _run_all(jobs, tmp_path, script=TRAIN, out_arg=0)
-    assert r["data4"]["devices"] == 4 and "P(None, 'data')" in r["data4"]["specs"]["buffer"]
+    assert r["data4"]["devices"] == 4 and "P('seed', 'data')" in r["data4"]["specs"]["buffer"]
+    assert r["data4"]["chunk_compiles"] == r["one"]["chunk_compiles"] == 1
     header, *rows = [line.split(",") for line in r["one"]["metrics_csv"].splitlines()]
     assert any(row[header.index("train/loss")] for row in rows)  # updates happened
     for a, b in zip(r["data4"]["params"], r["one"]["params"]):
