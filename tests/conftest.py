@@ -3,6 +3,7 @@ cached on disk, and a tiny DQN config for fast runs."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -26,6 +27,28 @@ TINY_DQN = ["agent=dqn", "env=cartpole", "logger=none", "num_envs=4", "log_inter
             "agent.learning_starts=100", "agent.batch_size=16", "agent.buffer_size=400",
             "agent.network.hidden_sizes=[16]", "agent.target_update_period=5", "agent.epsilon_decay_steps=300",
             "agent.optim.lr=1e-3"]
+
+
+@contextlib.contextmanager
+def compiles_of(name: str):
+    """Inside: a list that gets one entry per XLA compilation of the jitted function `name` (from
+    `jax.log_compiles`; a persistent-cache hit counts too, it is logged alike)."""
+    import jax
+
+    seen = []
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith(f"Finished XLA compilation of jit({name})"):
+                seen.append(record.getMessage())
+
+    handler, logger = Count(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            yield seen
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest.fixture

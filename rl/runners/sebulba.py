@@ -213,8 +213,10 @@ class Sebulba:
     def place(self, state):
         if self.shardings is None:
             self.shardings = self._shardings(state)
-        if self.mesh is None and self.learner_devices[0] == jax.devices()[0] or self.processes > 1:
-            return state  # the single-device default, or already global arrays: nothing to move
+        if self.processes > 1:
+            return state  # already global arrays
+        # Committed even on the default device (no copy): the learner's update then takes every input placed
+        # as it returns it and compiles once (a fresh, uncommitted state compiled it again at the second call).
         return jax.device_put(state, self.shardings)
 
     def rounded_total(self, total_steps: int) -> int:
@@ -287,7 +289,7 @@ class _Session:
             if r.processes > 1:  # fresh, or restored from a checkpoint's JSON: not yet global arrays
                 if all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(totals)):
                     totals = sharding.from_host(totals, r._chunk_sharding())
-            elif r.shardings is not None and (r.mesh is not None or r.learner_devices[0] != jax.devices()[0]):
+            else:  # placed as the update returns them (else it compiles again for fresh totals)
                 totals = jax.device_put(totals, r._chunk_sharding())
             while True:
                 write = owed == 0  # else: train steps owed for the chunk written last (or before a resume)

@@ -8,7 +8,6 @@ logged metrics, the eval returns, where the runner state lived and how often its
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 import jax
@@ -17,17 +16,11 @@ import numpy as np
 from rl.config import compose
 from rl.experiment import run
 from rl.infra import sharding
+from tests.conftest import compiles_of
 
 
 def main(out: str, run_dir: str, overrides: list[str]) -> None:
-    compiles = []  # jax.log_compiles' "Finished XLA compilation of jit(_chunk) ..." lines
-
-    class Count(logging.Handler):
-        def emit(self, record):
-            compiles.extend([1] if record.getMessage().startswith("Finished XLA compilation of jit(_chunk)") else [])
-
-    logging.getLogger("jax").addHandler(Count())
-    with jax.log_compiles(True):
+    with compiles_of("_chunk") as compiles:
         result = run(compose(overrides), run_dir)
     state = result["state"][0]  # Anakin: (RunnerState, iteration counter)
     params = sharding.to_host(state.agent.params)

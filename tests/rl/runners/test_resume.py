@@ -6,15 +6,13 @@ a run dir left unfinished (e.g. SLURM requeue into the same dir) resumes by itse
 from __future__ import annotations
 
 import json
-import logging
 
-import jax
 import pytest
 
 from rl.config import ConfigError, compose
 from rl.experiment import run
 from rl.infra import checkpoint
-from tests.conftest import TINY_DQN
+from tests.conftest import TINY_DQN, compiles_of
 
 BASE = [*TINY_DQN, "seeds=2", "total_steps=800", "log_interval=400", "eval_episodes=1"]
 
@@ -77,14 +75,13 @@ def test_resume_from_the_final_checkpoint_does_not_save_it_twice(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] == 800
 
 
-def test_a_resumed_run_compiles_its_program_once(tmp_path, caplog):
+def test_a_resumed_run_compiles_its_program_once(tmp_path):
     """The restored state, the counter and each interval's fresh totals go into the compiled loop placed as
     it returns them, so resuming compiles it once, not again at the second call (Muesli MinAtar: ~13 s,
     and a first rate 50x too slow in the over-an-hour note)."""
     run(compose([*BASE, "total_steps=400"]), tmp_path / "run")
-    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+    with compiles_of("_chunk") as compiles:
         assert _resume(tmp_path / "run", "total_steps=1200")["env_steps"] == 1200
-    compiles = [m for m in caplog.messages if m.startswith("Finished XLA compilation of jit(_chunk)")]
     assert len(compiles) == 1, compiles
 
 

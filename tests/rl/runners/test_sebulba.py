@@ -18,6 +18,7 @@ from rl.envs.envpool_source import EnvpoolSource, Recv
 from rl.experiment import build, validate
 from rl.runners.sebulba_actor import Rollout, new_tracker
 from rl.runners.sebulba_learner import Learner
+from tests.conftest import compiles_of
 from tests.rl.envs.test_envpool_source import MAX_STEPS, check_cartpole_rows
 
 CONFIGS = str(__import__("pathlib").Path(__file__).resolve().parents[3] / "configs")
@@ -170,7 +171,9 @@ def run_train(tmp_path, *overrides):
 def test_dqn_cartpole_smoke_with_resume(tmp_path):
     common = ("num_envs=16", "env.envs_per_recv=8", "agent.learning_starts=512", "log_interval=1024",
               "agent.buffer_size=4096", "env.xla=on")
-    res = run_train(tmp_path / "a", "total_steps=3072", "eval_episodes=2", *common)
+    with compiles_of("_update") as compiles:  # every input placed as the update returns it: one compile
+        res = run_train(tmp_path / "a", "total_steps=3072", "eval_episodes=2", *common)
+    assert len(compiles) == 1, compiles
     assert res["env_steps"] == 3072 and res["checkpoint"].endswith("/3072")
     # The XLA-handle actor wrote every env's steps in order, while the learner trained on them.
     check_cartpole_rows(transitions_per_env(res["state"].buffer), max_steps=500)
@@ -181,7 +184,9 @@ def test_dqn_cartpole_smoke_with_resume(tmp_path):
     assert len(res["eval_returns"][0]) == 2
     # Resume: continues from the checkpoint's step and agent state (update counter), same metric history.
     updates = int(res["state"].agent.updates)
-    res2 = run_train(tmp_path / "b", "total_steps=4096", f"resume={tmp_path / 'a'}", "eval_episodes=0", *common)
+    with compiles_of("_update") as compiles:
+        res2 = run_train(tmp_path / "b", "total_steps=4096", f"resume={tmp_path / 'a'}", "eval_episodes=0", *common)
+    assert len(compiles) == 1, compiles
     assert res2["env_steps"] == 4096 and res2["run_dir"] == str(tmp_path / "a")
     history2 = read_metrics(tmp_path / "a" / "metrics.csv")
     assert [int(r["env_steps"]) for r in history2] == [1024, 2048, 3072, 4096]
