@@ -32,7 +32,7 @@ from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.population import hyperparams
 from rl.learning.schedules import linear
 from rl.learning.target_update import TargetNetState, update_target
-from rl.learning.targets import LOSSES, q_target, td_loss
+from rl.learning.targets import LOSSES, q_target, taken, td_loss
 from rl.nets.networks import NetworkConfig, make_q_network
 
 POPULATION_KEYS = ("optim.lr", "discount", "tau", "huber_delta", "epsilon_start", "epsilon_end",
@@ -144,7 +144,7 @@ class DQN(StepFormat):
     def _loss(self, params, target_params, batch, hp: dict | None = None):
         cfg, hp = self.cfg, hp or self.hyperparams()
         q = self.network.apply(params, batch.obs)
-        q_taken = jnp.take_along_axis(q, batch.action[:, None], axis=-1)[:, 0]
+        q_taken = taken(q, batch.action)
         q_next_target = self.network.apply(target_params, batch.next_obs)
         q_next_online = self.network.apply(params, batch.next_obs) if cfg.double_q else None
         target = q_target(batch.reward, batch.discount, q_next_target, q_next_online)

@@ -315,6 +315,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "several processes, whose gymnax source ignores its seed (envs draw from the runner's keys)",
     ("buffers/starts.py", "j = jnp.minimum(j, last_nonzero)", "args_swapped"):
         "minimum is symmetric",
+    ("rl/learning/pbt.py", ("value = jnp.where(source != jnp.arange(returns.shape[0]), jnp.clip(value, lo, hi), "
+                            "agent.hparams[k][first])"), "args_swapped"):
+        "clip(x, lo, hi) is min(max(x, lo), hi): swapping x and lo swaps max's arguments, which is symmetric",
     ("rl/runners/totals.py", 'out = {"episode_return": np.where(n > 0, t.score / n, np.nan),', "gt_to_ge"):
         "where no episode ended (n = 0) the score sum is 0 too: 0 / 0 is the same NaN",
     ("rl/envs/gymnax_source.py", "obs, _ = env.reset(jax.random.PRNGKey(0), params)", "plus_one"):
@@ -347,8 +350,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "q_target depends on target_params only and the loss is differentiated w.r.t. the online params alone",
     ("rl/runners/loop.py", 'eval_every = int(cfg.get("eval_interval", 0))', "plus_one"):  # (code of a5f3235)
         "every composed config has eval_interval (config.yaml, TrainConfig): the default of .get is never read",
-    ("rl/runners/sebulba.py", "if self.mesh is None and self.learner_devices[0] == jax.devices()[0] or self.processes > 1:",
-     "gt_to_lt"):
+    ("rl/runners/sebulba.py", "if self.processes > 1:  # already global arrays in the runner's shardings", "gt_to_lt"):
         "several processes: the state is already global in the runner's shardings (init's out_shardings, the "
         "restore target's), and device_put of an array to its own sharding returns it",
     ("rl/envs/envpool_source.py", "ok = np.asarray(ids).shape == (1,) and int(np.asarray(ids)[0]) in (0, 1)",

@@ -57,6 +57,7 @@ from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.population import hyperparams
 from rl.learning.retrace import retrace_coefficients, retrace_targets
 from rl.learning.target_update import update_target
+from rl.learning.targets import taken
 
 POPULATION_KEYS = ("optim.lr", "discount", "retrace_lambda", "target_update_rate", "adv_var_decay", "cmpo_clip",
                    "pg_weight", "cmpo_weight", "model_policy_weight", "value_weight", "reward_weight",
@@ -181,7 +182,7 @@ class Muesli(StepFormat):
         else:
             action = jnp.argmax(logits, axis=-1)
         action = action.astype(jnp.int32)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), action[:, None], axis=-1)[:, 0]
+        logp = taken(jax.nn.log_softmax(logits, axis=-1), action)
         return action, carry, {"behaviour_logp": logp}
 
     def train_step(self, state: MuesliState, buffer_state, key: jax.Array, hparams: dict | None = None):
@@ -240,8 +241,8 @@ class Muesli(StepFormat):
         # CMPO and policy-gradient advantages are all relative to it).
         v = jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1)  # [B, L]
         action = batch["action"]
-        log_prior_taken = jnp.take_along_axis(jax.nn.log_softmax(prior_logits), action[..., None], -1)[..., 0]
-        q_taken = jnp.take_along_axis(q, action[..., None], -1)[..., 0]
+        log_prior_taken = taken(jax.nn.log_softmax(prior_logits), action)
+        q_taken = taken(q, action)
         c = retrace_coefficients(log_prior_taken, batch["behaviour_logp"], hp["retrace_lambda"])
         retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=hp["discount"]))(
             q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
@@ -287,7 +288,7 @@ class Muesli(StepFormat):
         same, prev_same, absorbing = unroll_masks(valid, batch["terminated"], batch["truncated"], K)
 
         # Policy gradient at the root, clipped importance weight pi/mu, Retrace advantage.
-        log_pi_taken = jnp.take_along_axis(log_pi[:, :, 0], action[..., None], -1)[..., 0]
+        log_pi_taken = taken(log_pi[:, :, 0], action)
         rho = jax.lax.stop_gradient(jnp.minimum(1.0, jnp.exp(log_pi_taken - batch["behaviour_logp"])))
         pg_loss = masked_mean(-rho * targets.pg_advantage * log_pi_taken, targets.retrace.mask)
 

@@ -12,6 +12,12 @@ import rlax
 LOSSES = ("huber", "mse")
 
 
+def taken(values: jax.Array, action: jax.Array) -> jax.Array:
+    """`values[..., action]` per row: `values` `[..., A]`, `action` `[...]` int -> `[...]`. (A squeeze, not an
+    index `[..., 0]`: jax clamps a static out-of-range index, so `[..., 1]` would read the same value.)"""
+    return jnp.take_along_axis(values, action[..., None], axis=-1).squeeze(-1)
+
+
 def q_target(reward: jax.Array, discount: jax.Array, q_next_target: jax.Array,
              q_next_online: jax.Array | None = None) -> jax.Array:
     """Bootstrapped Q-learning target `[B]` = reward + discount * Q_target(s', a*), with gradients stopped.
@@ -22,7 +28,7 @@ def q_target(reward: jax.Array, discount: jax.Array, q_next_target: jax.Array,
     """
     selector = q_next_target if q_next_online is None else q_next_online
     best = jnp.argmax(selector, axis=-1)
-    value = jnp.take_along_axis(q_next_target, best[..., None], axis=-1)[..., 0]
+    value = taken(q_next_target, best)
     return jax.lax.stop_gradient(reward + discount * value)
 
 

@@ -213,8 +213,8 @@ class Sebulba:
     def place(self, state):
         if self.shardings is None:
             self.shardings = self._shardings(state)
-        if self.processes > 1:
-            return state  # already global arrays
+        if self.processes > 1:  # already global arrays in the runner's shardings
+            return state
         # Committed even on the default device (no copy): the learner's update then takes every input placed
         # as it returns it and compiles once (a fresh, uncommitted state compiled it again at the second call).
         return jax.device_put(state, self.shardings)

@@ -18,6 +18,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from rl.infra import distributed, sharding
+from tests.conftest import run_probe
 
 ROOT = Path(__file__).resolve().parents[3]
 TOY = ROOT / "tests" / "multidevice" / "toy_runner.py"
@@ -174,6 +175,31 @@ def test_two_process_training_matches_one_process(tmp_path):
     # one run dir (process 0's) and one set of metrics: process 1 adds its console lines only
     assert (tmp_path / "0" / "train.1.log").read_text().strip()
     assert not (tmp_path / "1" / "metrics.csv").exists()
+
+
+LOOP_COLLECTIVES_PROBE = """
+import json, re
+import numpy as np
+from rl.config import compose
+from rl.experiment import build
+from rl.infra import sharding
+runner = build(compose(["agent=dqn", "env=cartpole", "logger=none", "seeds=2", "num_envs=4", "mesh.seed_devices=2",
+                        "agent.network.hidden_sizes=[16]"]))
+state, it = runner.init()
+with sharding.use_mesh(runner.mesh):
+    hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()
+names = [m.group(1) for line in hlo.splitlines() if " all-reduce(" in line
+         for m in [re.search(r'op_name="([^"]*)"', line)] if m]
+print(json.dumps(names))
+"""
+
+
+def test_seeds_on_two_devices_share_no_nonfinite_flags_per_iteration():
+    """With the seeds split over devices, a train step's non-finite flags stay with their seed (`Totals` keeps
+    them per seed): no all-reduce of them in the loop body, which kept the devices in lockstep every
+    iteration; the whole-state check reduces once per call, outside the loop."""
+    names = run_probe(LOOP_COLLECTIVES_PROBE, devices=2)
+    assert not [n for n in names if "while/body" in n and n.endswith("reduce_or")], names
 
 
 def test_single_device_is_the_plain_path():

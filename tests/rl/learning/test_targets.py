@@ -11,7 +11,7 @@ import pytest
 from rl.config import ConfigError, to_dataclass
 from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.schedules import linear
-from rl.learning.targets import q_target, td_loss
+from rl.learning.targets import q_target, taken, td_loss
 
 
 def test_q_target_double_and_max():
@@ -67,3 +67,12 @@ def test_optimizer_from_config_matches_optax():
 def test_bad_optim_config(section, match):
     with pytest.raises(ConfigError, match=match):
         to_dataclass(OptimConfig, section, "agent.optim")
+
+
+def test_taken_reads_each_rows_action_value():
+    """`values[..., action]` row by row, for one and two leading axes (NumPy reference)."""
+    values = np.arange(24.0).reshape(2, 3, 4)
+    action = np.array([[3, 0, 1], [2, 2, 0]])
+    np.testing.assert_array_equal(taken(jnp.asarray(values), jnp.asarray(action)),
+                                  np.take_along_axis(values, action[..., None], -1)[..., 0])
+    np.testing.assert_array_equal(taken(jnp.asarray(values[0]), jnp.asarray(action[0])), [3.0, 4.0, 9.0])

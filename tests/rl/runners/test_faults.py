@@ -20,7 +20,8 @@ import pytest
 from rl.config import compose
 from rl.experiment import build, run
 from rl.infra import checkpoint
-from rl.runners.guard import NonFiniteError, all_finite
+from rl.runners import totals as totals_lib
+from rl.runners.guard import NOT_SEEN, NonFiniteError, all_finite
 from tests.conftest import TINY_DQN
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,6 +55,25 @@ def test_all_finite_finds_one_bad_element_in_any_leaf_and_no_false_alarm():
             assert not bool(check(broken)), (leaf, bad)
     assert bool(check({"w": jnp.full((1000,), 3e38), "v": jnp.full((7,), -3e38)}))
     assert bool(check({"n": jnp.arange(3)}))
+
+
+def test_nonfinite_flags_are_kept_per_seed_and_the_earliest_is_reported():
+    """A step's flags are folded in per seed (no reduction over the seeds, which are split over devices on a
+    mesh); the host reports each name's earliest step over the seeds; a checkpoint's interval sums written
+    when the flags were one per name restore to every seed."""
+    t = totals_lib.Totals.zeros(3, ("loss",), ("loss", "params"))
+    t = t.add_update({"loss": jnp.ones(3)}, {"loss": jnp.array([False, True, False]), "params": False}, True, 40)
+    t = t.add_update({"loss": jnp.ones(3)}, {"loss": jnp.array([True, True, False]), "params": False},
+                     jnp.array([True, True, False]), 80)
+    t = t.add_update({"loss": jnp.ones(3)}, {"loss": jnp.array([False, False, True]), "params": False},
+                     jnp.array([True, True, False]), 120)  # seed 2 took no step: its flag does not count
+    t = t.flag("params", jnp.array([False, False, True]), 160)
+    np.testing.assert_array_equal(t.first_bad, [[80, NOT_SEEN], [40, NOT_SEEN], [NOT_SEEN, 160]])
+    assert totals_lib.summarise(t)["nonfinite"] == {"loss": 40, "params": 160}
+    again = totals_lib.from_json(totals_lib.to_json(t))
+    np.testing.assert_array_equal(again.first_bad, t.first_bad)
+    old = {**totals_lib.to_json(t), "nonfinite": {"loss": 40, "params": NOT_SEEN}}
+    np.testing.assert_array_equal(totals_lib.from_json(old).first_bad, [[40, NOT_SEEN]] * 3)
 
 
 def test_nonfinite_stops_naming_metric_and_step_keeping_last_finite_checkpoint(tmp_path):
