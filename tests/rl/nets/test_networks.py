@@ -45,6 +45,7 @@ def test_auto_torso_reads_the_smaller_spatial_side_in_either_layout(shape, convs
     ((4, 84, 84), True), ((3, 10, 10), True), ((84, 84, 4), False), ((10, 10, 4), False),
     ((4, 84, 3), False),  # a 4-pixel-high strip of 3 channels: the first side is not below both others
     ((20, 84, 84), False),  # more than 16 leading "channels": a spatial side
+    ((10, 10, 10), False),  # Seaquest-MinAtar's frame, channels last: a first side equal to the others is spatial
 ])
 def test_channels_first_needs_a_few_channels_below_both_spatial_sides(shape, first):
     assert channels_first(shape) is first

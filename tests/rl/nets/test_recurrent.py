@@ -121,3 +121,8 @@ def test_burn_in_range_checked(net_and_params):
 def test_lstm_size_must_be_positive(size):
     with pytest.raises(ValueError, match=f"lstm_size must be positive, got {size}"):
         make_recurrent_q_network((OBS,), A, NetworkConfig(hidden_sizes=[16]), size)
+
+
+def test_an_lstm_of_one_unit_is_allowed():
+    net = make_recurrent_q_network((OBS,), A, NetworkConfig(hidden_sizes=[16]), 1)
+    assert net.hidden_size == 1
