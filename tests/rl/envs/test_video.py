@@ -94,6 +94,22 @@ def test_mountaincar_car_sits_at_its_position_on_the_hill():
         assert abs(bottom - (230 - (0.45 * np.sin(3 * pos) + 0.55) * scale)) < 3
 
 
+def test_mountaincar_flag_flies_at_the_top_of_a_40_pixel_pole_at_the_goal():
+    """The goal (0.5) is marked by a black pole 40 px tall standing on the hill and a yellow flag over its top
+    10 px: the pole's column is black from the hill up to the flag, and nothing pokes out above the flag."""
+    frame = video.renderer(env_config({"source": "gymnax", "id": "MountainCar-v0"})).frame(
+        np.asarray([-1.0, 0.0], np.float32))
+    scale = 320 / 1.8
+    fx, fy = int((0.5 + 1.2) * scale), 230 - (0.45 * np.sin(1.5) + 0.55) * scale
+    flag_rows, flag_cols = np.nonzero(np.all(frame == (204, 204, 0), -1))
+    assert flag_cols.min() == fx and flag_cols.max() <= fx + 20
+    assert flag_rows.min() == int(fy - 40) and flag_rows.max() == int(fy - 30)
+    pole = np.nonzero(np.all(frame[:, fx] == 0, -1))[0]
+    assert pole.min() == flag_rows.max() + 1 and abs(pole.max() - fy) <= 1  # up to the flag, from the hill
+    above = np.all(frame[:flag_rows.min(), fx - 1:fx + 2] == 255)
+    assert above, "the pole sticks out above the flag"
+
+
 def test_atari_frame_is_the_newest_of_the_stack_in_grey():
     obs = np.random.default_rng(0).integers(0, 256, (4, 84, 84), np.uint8)
     frame = video.renderer(env_config({"source": "envpool", "id": "Pong-v5"})).frame(obs)
