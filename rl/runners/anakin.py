@@ -127,8 +127,13 @@ class Anakin:
         """Initial state of all rows (seed j uses PRNGKey(cfg.seed + j), in every member) and the iteration
         counter."""
         seeds = self.cfg.seed + jnp.arange(self.num_seeds) % self.cfg.seeds
-        return sharding.init_sharded(lambda seeds: (self._init_all(seeds), jnp.zeros((), jnp.int32)),
-                                     self.placement[:2], seeds)
+        return self._init_jit(seeds)
+
+    @functools.cached_property
+    def _init_jit(self):
+        """`_init_all` and a zero counter, jitted once per runner, computed directly into their placement."""
+        return jax.jit(lambda seeds: (self._init_all(seeds), jnp.zeros((), jnp.int32)),
+                       out_shardings=self.placement[:2])
 
     @functools.cached_property
     def placement(self) -> tuple:
