@@ -293,6 +293,8 @@ ALSO_TESTS: dict[str, tuple[str, ...]] = {
                     "rl/infra/distributed.py", "rl/runners/loop.py")},
     "rl/runners/anakin.py": ("tests/rl/learning/test_pbt.py",),
     "rl/runners/evaluate.py": ("tests/rl/runners/test_sebulba_handoffs.py",),
+    # the agent protocol's `extras.<key>` step fields: only Muesli stores one (its behaviour log-probabilities)
+    "rl/learning/agent.py": ("tests/agents/test_muesli.py",),
 }
 
 ONE_ENV_RECV = "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 
@@ -62,3 +63,13 @@ def test_the_default_run_logs_greedy_returns_at_each_tenth(tmp_path):
     rl.train(*TINY_DQN, "total_steps=2000", run_dir=tmp_path)
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(r["env_steps"]) for r in rows if r["eval_return"]] == [200 * i for i in range(1, 11)]
+
+
+def test_eval_episodes_zero_plays_no_greedy_episode(tmp_path, monkeypatch):
+    """`eval_episodes=0`: no evaluation at all; each seed's returned eval_returns are empty and the summary's
+    eval_return_mean is null (not 0)."""
+    monkeypatch.setattr(Anakin, "evaluate", lambda *a: (_ for _ in ()).throw(AssertionError("evaluated")))
+    res = rl.train(*TINY_DQN, "total_steps=400", "seeds=2", "eval_episodes=0", run_dir=tmp_path)
+    assert res["eval_returns"] == [[], []]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval_return_mean"] == [None, None]
