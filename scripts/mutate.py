@@ -338,6 +338,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "plus_one"):
         "seed 1's readiness for seed 0's: the seeds step in lockstep, so every seed's buffer holds the same steps "
         "(and with one seed jax clamps index 1 to 0)",
+    ("rl/runners/anakin.py", "ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))",
+     "minus_one"):
+        "the last seed's readiness for the first's: the seeds step in lockstep, so every seed's buffer holds the same "
+        "steps",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
