@@ -86,12 +86,14 @@ def test_mountaincar_car_sits_at_its_position_on_the_hill():
     def car(pos, other):
         a, b = (np.all(draw(np.asarray([x, 0.0], np.float32)) == 0, -1) for x in (pos, other))
         rows, cols = np.nonzero(a & ~b)
-        return cols.mean(), rows.max()
+        return cols.mean(), rows.max(), rows.min(), cols.max() - cols.min() + 1
 
     for pos in (-0.5, 0.3):
-        column, bottom = car(pos, -pos - 0.2)
+        column, bottom, top, width = car(pos, -pos - 0.2)
+        hill = 230 - (0.45 * np.sin(3 * pos) + 0.55) * scale
         assert abs(column - (pos + 1.2) * scale) < 2
-        assert abs(bottom - (230 - (0.45 * np.sin(3 * pos) + 0.55) * scale)) < 3
+        assert abs(bottom - hill) < 3
+        assert top == int(hill - 16) and width == 17  # a 16 x 16 px ellipse standing on the hill
 
 
 def test_mountaincar_flag_flies_at_the_top_of_a_40_pixel_pole_at_the_goal():
