@@ -118,12 +118,6 @@ def use_mesh(mesh: Mesh | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
-def init_sharded(fn: Callable[..., PyTree], shardings: PyTree | None, *args) -> PyTree:
-    """`fn(*args)` jitted and computed directly into `shardings` (`out_shardings`: no host copy, so it also
-    works when the mesh spans several hosts); plain `jax.jit(fn)(*args)` for None."""
-    return jax.jit(fn, out_shardings=shardings)(*args) if shardings is not None else jax.jit(fn)(*args)
-
-
 def loop_shardings(mesh: Mesh | None, state_shardings: PyTree | None, totals: PyTree) -> tuple:
     """`(state, counter, totals)` placements of a runner's compiled loop, given to it as `out_shardings`
     and to everything that goes into its first call (init, restore, fresh totals): the call cache is keyed
@@ -139,12 +133,6 @@ def loop_shardings(mesh: Mesh | None, state_shardings: PyTree | None, totals: Py
 def place(tree: PyTree, shardings: PyTree | None) -> PyTree:
     """Move existing arrays (e.g. a restored checkpoint) to `shardings` (single host); identity for None."""
     return tree if shardings is None else jax.device_put(tree, shardings)
-
-
-def constrain(tree: PyTree, shardings: PyTree | None) -> PyTree:
-    """Inside jit: pin `tree` to `shardings` (e.g. the runner state at the end of a chunk, so the next
-    call neither recompiles nor copies). Identity for None."""
-    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
 
 
 def _context_data_axis() -> int:

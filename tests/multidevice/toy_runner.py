@@ -85,12 +85,12 @@ def main(devices: int, seed_devices: int, out: str) -> None:
             shardings = None
         else:
             shardings = sharding.runner_shardings(mesh, jax.eval_shape(jax.vmap(init), keys))
-            state = sharding.init_sharded(jax.vmap(init), shardings, keys)
+            state = jax.jit(jax.vmap(init), out_shardings=shardings)(keys)
         run = make_run(report=lambda s: seen.append(list(s.shard_shape((S, B, D)))))
 
         def chunk(state):
             state, losses = run(state)
-            return sharding.constrain(state, shardings), losses
+            return (state if shardings is None else jax.lax.with_sharding_constraint(state, shardings)), losses
 
         state, losses = jax.jit(chunk, donate_argnums=0)(state)
         state, losses2 = jax.jit(chunk, donate_argnums=0)(state)
