@@ -1,9 +1,11 @@
 """Flat transition buffer: a circular storage of `capacity` items sampled uniformly.
 
-Storage is a pytree whose leaves are `[C, *item_leaf_shape]`; `head` is the next slot written and `size`
-the number of stored items (slots `[0, size)` hold data, since writes start at slot 0 and wrap at C).
+Storage is a short tuple of arrays with leading dim C, item i in row i of each: the small item leaves packed
+into one `uint32 [C, W]` array, each large leaf (a frame) in its own `[C, *S]` (`buffers/packing.py`;
+`state.data` unpacks the whole storage as a pytree of `[C, *item_leaf_shape]` for inspection). `head` is the next slot written and
+`size` the number of stored items (slots `[0, size)` hold data, since writes start at slot 0 and wrap at C).
 Every write is a scatter into the storage, so under `jax.jit(..., donate_argnums=...)` the storage is
-updated in place.
+updated in place; a sample is one gather of B rows per storage array.
 
 Sampling an empty buffer is defined: indices are all 0 and the items are storage row 0 (zeros until the
 first write); `can_sample` is False then, and callers gate on it.
@@ -20,15 +22,26 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks
+from buffers.packing import Packing, packing_of
 
 PyTree = Any
 
 
+class PackedStorage:
+    """Mixin of states whose items live in `storage` (a tuple of `[C, ...]` arrays) laid out by `packing`."""
+
+    @property
+    def data(self) -> PyTree:
+        """The storage unpacked: leaves `[C, ...]` (a copy of the whole storage; for inspection and tests)."""
+        return self.packing.unpack(self.storage)
+
+
 @struct.dataclass
-class FlatState:
-    data: PyTree  # leaves [C, ...]
+class FlatState(PackedStorage):
+    storage: tuple  # arrays [C, ...]: item i in row i (buffers/packing.py)
     head: jax.Array  # int32[]: next slot to write
     size: jax.Array  # int32[]: number of stored items, <= C
+    packing: Packing = struct.field(pytree_node=False)
 
 
 @struct.dataclass
@@ -67,9 +80,10 @@ def storage_prototype(data: PyTree, lead: int = 1) -> PyTree:
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[lead:], x.dtype), data)
 
 
-def gather_rows(data: PyTree, indices: jax.Array) -> PyTree:
-    """`data[indices]` on every leaf; `indices` must be in range."""
-    return jax.tree_util.tree_map(lambda x: x.at[indices].get(mode="promise_in_bounds"), data)
+def gather_items(state, indices: jax.Array) -> PyTree:
+    """Items at slots `indices [B]` (in range) of a packed state -> leaves `[B, ...]`."""
+    return state.packing.unpack(jax.tree_util.tree_map(lambda x: x.at[indices].get(mode="promise_in_bounds"),
+                                                       state.storage))
 
 
 def checked_update_fn(prototype: PyTree, fn: Callable) -> None:
@@ -93,16 +107,17 @@ class FlatBuffer:
 
     def init(self, prototype: PyTree) -> FlatState:
         """Empty state whose storage holds `capacity` zero items shaped like `prototype`."""
-        proto = checks.as_prototype(prototype)
+        packing = packing_of(prototype)
         return FlatState(
-            data=checks.zeros_like_storage(proto, (self.capacity,)),
+            storage=packing.zeros((self.capacity,)),
             head=jnp.zeros((), jnp.int32),
             size=jnp.zeros((), jnp.int32),
+            packing=packing,
         )
 
     def _write(self, state, items: PyTree, batched: bool):
         """Write one item (or a batch of B items) at `head`; returns the new state and the slots [B]."""
-        proto = storage_prototype(state.data)
+        proto = state.packing.prototype
         if batched:
             (b,) = checks.check_items(proto, items, batch_dims=None, what="items")
             if b > self.capacity:
@@ -110,21 +125,17 @@ class FlatBuffer:
                     f"add_batch: a batch of {b} items exceeds the capacity {self.capacity}"
                 )
             slots = (state.head + jnp.arange(b, dtype=jnp.int32)) % self.capacity
-            items = checks.cast_like(proto, items)
-            data = jax.tree_util.tree_map(
-                lambda x, y: x.at[slots].set(y, mode="promise_in_bounds", unique_indices=True),
-                state.data,
-                items,
-            )
+            rows = state.packing.pack(checks.cast_like(proto, items))
+            storage = jax.tree_util.tree_map(
+                lambda x, y: x.at[slots].set(y, mode="promise_in_bounds", unique_indices=True), state.storage, rows)
         else:
             checks.check_items(proto, items, batch_dims=(), what="item")
             b, slots = 1, state.head[None]
-            items = checks.cast_like(proto, items)
-            data = jax.tree_util.tree_map(
-                lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, state.head, 0), state.data, items
-            )
+            row = state.packing.pack(checks.cast_like(proto, items))
+            storage = jax.tree_util.tree_map(
+                lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, state.head, 0), state.storage, row)
         new = state.replace(
-            data=data,
+            storage=storage,
             head=(state.head + b) % self.capacity,
             size=jnp.minimum(state.size + b, self.capacity),
         )
@@ -144,7 +155,7 @@ class FlatBuffer:
     def sample(self, state: FlatState, key: jax.Array, batch_size: int) -> FlatSample:
         """`batch_size` items drawn uniformly with replacement from the stored ones."""
         indices = self._uniform_slots(state, key, batch_size)
-        return FlatSample(items=gather_rows(state.data, indices), indices=indices)
+        return FlatSample(items=gather_items(state, indices), indices=indices)
 
     def add_and_sample(self, state: FlatState, items: PyTree, key: jax.Array, batch_size: int):
         """`add_batch` then `sample` (the new items can be drawn). Returns `(state, FlatSample)`."""
@@ -165,27 +176,26 @@ class FlatBuffer:
         `indices=None` updates every stored item (slots `[0, size)`); otherwise only the slots `indices`
         ([N] int); slots outside `[0, size)` are left alone. Repeated slots receive the same value.
         """
-        proto = storage_prototype(state.data)
+        proto, packing = state.packing.prototype, state.packing
         checked_update_fn(proto, fn)
+
+        def apply(rows):
+            return packing.pack(checks.cast_like(proto, jax.vmap(fn)(packing.unpack(rows))))
+
         if indices is None:
-            new = jax.vmap(fn)(state.data)
             keep = jnp.arange(self.capacity) < state.size
-            data = jax.tree_util.tree_map(
-                lambda n, x: jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), n.astype(x.dtype), x),
-                new,
-                state.data,
-            )
+            storage = jax.tree_util.tree_map(
+                lambda n, x: jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), n, x),
+                apply(state.storage), state.storage)
         else:
             checks.check_index_array("update indices", indices)
             indices = jnp.asarray(indices)
             valid = (indices >= 0) & (indices < state.size)
             slots = jnp.where(valid, indices, self.capacity).astype(jnp.int32)
-            rows = jax.tree_util.tree_map(
-                lambda x: jnp.take(x, slots, axis=0, mode="fill", fill_value=0), state.data
-            )
-            new = checks.cast_like(proto, jax.vmap(fn)(rows))
-            data = jax.tree_util.tree_map(lambda x, y: x.at[slots].set(y, mode="drop"), state.data, new)
-        return state.replace(data=data)
+            rows = jax.tree_util.tree_map(lambda x: jnp.take(x, slots, axis=0, mode="fill", fill_value=0),
+                                          state.storage)
+            storage = jax.tree_util.tree_map(lambda x, y: x.at[slots].set(y, mode="drop"), state.storage, apply(rows))
+        return state.replace(storage=storage)
 
 
 def make_flat_buffer(capacity: int, min_size: int = 1) -> FlatBuffer:

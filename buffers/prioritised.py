@@ -24,19 +24,21 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks, sumtree
-from buffers.flat import FlatBuffer, gather_rows
+from buffers.flat import FlatBuffer, PackedStorage, gather_items
+from buffers.packing import Packing
 from buffers.priority_math import clean_priorities
 
 PyTree = Any
 
 
 @struct.dataclass
-class PrioritisedState:
-    data: PyTree  # leaves [C, ...]
+class PrioritisedState(PackedStorage):
+    storage: tuple  # arrays [C, ...]: item i in row i (as in FlatState)
     head: jax.Array  # int32[]
     size: jax.Array  # int32[]
     tree: sumtree.SumTree  # leaves hold p**alpha per slot (0 for empty slots)
     max_priority: jax.Array  # float32[]: largest raw priority seen (1 initially)
+    packing: Packing = struct.field(pytree_node=False)
 
 
 @struct.dataclass
@@ -61,11 +63,12 @@ class PrioritisedBuffer(FlatBuffer):
     def init(self, prototype: PyTree) -> PrioritisedState:
         flat = super().init(prototype)
         return PrioritisedState(
-            data=flat.data,
+            storage=flat.storage,
             head=flat.head,
             size=flat.size,
             tree=sumtree.init(self.capacity, self.fanout),
             max_priority=jnp.ones((), jnp.float32),
+            packing=flat.packing,
         )
 
     def _with_new_slots(self, state: PrioritisedState, slots: jax.Array) -> PrioritisedState:
@@ -83,7 +86,7 @@ class PrioritisedBuffer(FlatBuffer):
     def sample(self, state: PrioritisedState, key: jax.Array, batch_size: int) -> PrioritisedSample:
         """`batch_size` slots drawn with replacement in proportion to p**alpha."""
         indices, probs = sumtree.sample(state.tree, key, batch_size)
-        return PrioritisedSample(items=gather_rows(state.data, indices), indices=indices, probabilities=probs)
+        return PrioritisedSample(items=gather_items(state, indices), indices=indices, probabilities=probs)
 
     def add_and_sample(self, state: PrioritisedState, items: PyTree, key: jax.Array, batch_size: int):
         """`add_batch` then `sample`. Returns `(state, PrioritisedSample)`."""

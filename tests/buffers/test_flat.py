@@ -208,16 +208,16 @@ def test_vmap_over_seeds_matches_single_runs():
 def test_donated_writes_keep_the_storage_in_place():
     buf = make_flat_buffer(10_000)
     state = buf.init({"obs": np.zeros(16, np.float32), "a": 0})
-    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(state.data)]
+    ptr = state.storage[0].unsafe_buffer_pointer()
     add = jax.jit(buf.add, donate_argnums=0)
     add_batch = jax.jit(buf.add_batch, donate_argnums=0)
     update = jax.jit(lambda s, i: buf.update(s, bump_obs, i), donate_argnums=0)
     old = state
     state = add(state, {"obs": jnp.ones(16), "a": 1})
-    assert old.data["obs"].is_deleted()
+    assert old.storage[0].is_deleted()
     state = add_batch(state, {"obs": jnp.ones((64, 16)), "a": jnp.arange(64)})
     state = update(state, jnp.arange(8))
-    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves(state.data)] == ptrs
+    assert state.storage[0].unsafe_buffer_pointer() == ptr
     assert int(state.size) == 65 and float(state.data["obs"][3, 0]) == 2.0
 
 
@@ -252,12 +252,8 @@ def test_compiled_donated_add_and_sample_is_in_place(hlo):
     assert rep["copies"] and not rep["aliased"]
 
     def concat_step(s, k):
-        data = jax.tree.map(
-            lambda x, y: jnp.concatenate([x[128:], y]),
-            s.data,
-            {"obs": jnp.ones((128, 4)), "a": jnp.arange(128)},
-        )
-        return buf.sample(s.replace(data=data), k, 256)
+        new = s.packing.pack({"obs": jnp.ones((128, 4)), "a": jnp.arange(128)})
+        return buf.sample(s.replace(storage=jax.tree.map(lambda x, y: jnp.concatenate([x[128:], y]), s.storage, new)), k, 256)
 
     rep = hlo.in_place_report(
         jax.jit(concat_step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(),

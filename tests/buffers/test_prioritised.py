@@ -255,13 +255,13 @@ def test_add_and_sample_is_add_batch_then_sample():
 def test_donated_step_keeps_storage_and_tree_in_place():
     buf = make_prioritised_buffer(20_000)
     state = buf.init(PROTO)
-    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree.leaves((state.data, state.tree))]
+    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree.leaves((state.storage, state.tree))]
     step = jax.jit(learner_step(buf), donate_argnums=0)
     old = state
     for i in range(3):
         state, _ = step(state, jax.random.key(i))
-    assert old.data["obs"].is_deleted() and old.tree.levels[-1].is_deleted()
-    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves((state.data, state.tree))] == ptrs
+    assert old.storage[0].is_deleted() and old.tree.levels[-1].is_deleted()
+    assert [x.unsafe_buffer_pointer() for x in jax.tree.leaves((state.storage, state.tree))] == ptrs
     assert int(state.size) == 48
 
 
