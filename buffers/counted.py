@@ -107,8 +107,8 @@ class CountedWeights:
         of the `[B, L]` windows, the same gather the sample makes anyway."""
         if self.rules.cross_episodes:
             return rem
-        L, T = self.rules.sequence_length, self.rules.capacity_per_env
-        window = rows.gather(rows_state, env, (pos[:, None] + jnp.arange(L)[None, :]) % T)
+        L = self.rules.sequence_length
+        window = rows.gather(rows_state, env, pos, length=L)
         done = jnp.asarray(self.rules.done_fn(window)).astype(bool)
         if done.shape != rem.shape + (L,):
             raise checks.BufferInputError(f"done_fn of [B, L] steps must have shape {rem.shape + (L,)}, "

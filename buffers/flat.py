@@ -22,18 +22,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks
-from buffers.packing import Packing, packing_of
+from buffers.packing import PackedStorage, Packing, computed_once, packing_of
 
 PyTree = Any
-
-
-class PackedStorage:
-    """Mixin of states whose items live in `storage` (a tuple of `[C, ...]` arrays) laid out by `packing`."""
-
-    @property
-    def data(self) -> PyTree:
-        """The storage unpacked: leaves `[C, ...]` (a copy of the whole storage; for inspection and tests)."""
-        return self.packing.unpack(self.storage)
 
 
 @struct.dataclass
@@ -72,7 +63,7 @@ def randint_below(key: jax.Array, shape: tuple[int, ...], n: jax.Array) -> jax.A
     high_hi, high_lo = _mul_wide(n, bits[0])
     low_hi, _ = _mul_wide(n, bits[1])
     carry = (high_lo + low_hi) < high_lo
-    return (high_hi + carry.astype(jnp.uint32)).astype(jnp.int32)
+    return computed_once((high_hi + carry.astype(jnp.uint32)).astype(jnp.int32))  # it feeds gathers
 
 
 def storage_prototype(data: PyTree, lead: int = 1) -> PyTree:
@@ -82,8 +73,7 @@ def storage_prototype(data: PyTree, lead: int = 1) -> PyTree:
 
 def gather_items(state, indices: jax.Array) -> PyTree:
     """Items at slots `indices [B]` (in range) of a packed state -> leaves `[B, ...]`."""
-    return state.packing.unpack(jax.tree_util.tree_map(lambda x: x.at[indices].get(mode="promise_in_bounds"),
-                                                       state.storage))
+    return state.packing.take(state.storage, indices, in_bounds=True)
 
 
 def checked_update_fn(prototype: PyTree, fn: Callable) -> None:

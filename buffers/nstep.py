@@ -16,7 +16,6 @@ so the target is `reward + discount * Q(next_obs)`. Empty buffer: probabilities 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +24,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks, rows, sumtree
-from buffers.rows import RowState
 from buffers.sequences import SequenceBuffer, SequenceState, make_sequence_buffer
 
 NSTEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
@@ -90,23 +88,16 @@ class NStepBuffer:
         T, n = self.sequences.capacity_per_env, self.n
         k = st.remaining
         last = (st.positions + jnp.maximum(k, 1) - 1) % T
-        window = (st.positions[:, None] + jnp.arange(n)[None, :]) % T
+        first, final = rows.gather(state.rows, st.env_ids, st.positions), rows.gather(state.rows, st.env_ids, last)
+        rewards = _field(rows.gather(state.rows, st.env_ids, st.positions, length=n), "reward")
         valid = jnp.arange(n)[None, :] < k[:, None]
-        rewards = self._pick(state, "reward", st.env_ids, window)
         g = jnp.asarray(gamma, jnp.float32) ** jnp.arange(n, dtype=jnp.float32)
         reward = jnp.sum(jnp.where(valid, rewards.astype(jnp.float32) * g, 0.0), axis=1)
-        term = self._pick(state, "terminated", st.env_ids, last).astype(jnp.float32)
+        term = _field(final, "terminated").astype(jnp.float32)
         discount = jnp.where(k > 0, jnp.asarray(gamma, jnp.float32) ** k.astype(jnp.float32) * (1.0 - term), 0.0)
-        pick = functools.partial(self._pick, state)
-        return NStepSample(obs=pick("obs", st.env_ids, st.positions), action=pick("action", st.env_ids, st.positions),
-                           reward=reward, discount=discount, next_obs=pick("next_obs", st.env_ids, last),
+        return NStepSample(obs=_field(first, "obs"), action=_field(first, "action"), reward=reward,
+                           discount=discount, next_obs=_field(final, "next_obs"),
                            env_ids=st.env_ids, slots=st.slots, probabilities=st.probabilities)
-
-    @staticmethod
-    def _pick(state: SequenceState, name: str, env_ids, positions):
-        """Field `name` of the steps at `(env_ids, positions)` (flat-index gather, see rows.gather)."""
-        r = state.rows
-        return rows.gather(RowState(_field(r.data, name), r.written, r.online_start), env_ids, positions)
 
 
 def make_nstep_buffer(num_envs: int, capacity_per_env: int, n: int, gamma: float,

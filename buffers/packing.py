@@ -103,12 +103,40 @@ class Packing:
         """A storage-shaped tuple with leading dims `lead` -> items with leaves `[*lead, *S]`."""
         return jax.tree_util.tree_unflatten(self.treedef, [self.unpack_leaf(storage, i) for i in range(len(self.shapes))])
 
+    def take(self, storage: tuple, indices: jax.Array, in_bounds: bool = False) -> PyTree:
+        """Items at rows `indices` (int `[*I]`) of a storage with leading dim N -> leaves `[*I, *S]`.
+
+        One gather of whole rows per storage array (for random rows, 2x faster than one gather per leaf
+        reading its words only), then unpacked. Out-of-range indices are clamped, unless `in_bounds`
+        promises they are in `[0, N)`.
+        """
+        mode = "promise_in_bounds" if in_bounds else "clip"
+        return self.unpack(tuple(x.at[indices].get(mode=mode) for x in storage))
+
     def unpack_leaf(self, storage: tuple, i: int) -> jax.Array:
         """Leaf i (tree-flattening order) of a storage-shaped tuple -> `[*lead, *S_i]`."""
         if not self.packed[i]:
             return storage[int(self.has_words) + sum(not p for p in self.packed[:i])]
         o, w = self.offsets[i], self.widths[i]
         return _decode(storage[0][..., o : o + w], self.shapes[i], self.dtypes[i])
+
+
+class PackedStorage:
+    """Mixin of buffer states whose items live in `storage` (a tuple of `[*lead, ...]` arrays) laid out by
+    their static `packing`."""
+
+    @property
+    def data(self) -> PyTree:
+        """The storage unpacked: leaves `[*lead, ...]` (a copy of the whole storage; for inspection and tests)."""
+        return self.packing.unpack(self.storage)
+
+
+def computed_once(x: jax.Array) -> jax.Array:
+    """`x` (int) materialised before it indexes a gather. XLA:CPU fuses cheap elementwise producers into a
+    gather and recomputes them for every element of every gathered row (a whole threefry draw 11 times per
+    packed CartPole row: 2.5x the uniform add+sample step); a reduction is never fused into its consumer, so
+    `x` summed with a zero row is computed once (tests/buffers/test_packing.py checks the compiled gather)."""
+    return jnp.sum(jnp.pad(x[None], ((0, 1),) + ((0, 0),) * x.ndim), axis=0)
 
 
 def packing_of(prototype: PyTree) -> Packing:

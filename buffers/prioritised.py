@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from buffers import checks, sumtree
-from buffers.flat import FlatBuffer, PackedStorage, gather_items
-from buffers.packing import Packing
+from buffers.flat import FlatBuffer, gather_items
+from buffers.packing import PackedStorage, Packing
 from buffers.priority_math import clean_priorities
 
 PyTree = Any

@@ -1,8 +1,10 @@
 """Per-env rows for asynchronous envs (envpool async): one circular time axis per env.
 
-Storage is `data [E, T, ...]` (E = num_envs, T = capacity_per_env). Each row has its own head: absolute
-step `a` of env `e` (the a-th step ever written to that row, from 0) lives at `data[e, a % T]`, so a row
-holds its last `min(written[e], T)` steps. `add(state, steps, env_ids)` writes step i to row
+Storage is a short tuple of `[E, T, ...]` arrays (E = num_envs, T = capacity_per_env): the small step
+leaves packed into one `uint32 [E, T, W]`, each large leaf (a frame) in its own array (`buffers/packing.py`;
+`state.data` unpacks it as a pytree of `[E, T, *leaf_shape]`). Each row has its own head: absolute step `a`
+of env `e` (the a-th step ever written to that row, from 0) lives at `[e, a % T]`, so a row holds its last
+`min(written[e], T)` steps. `add(state, steps, env_ids)` writes step i to row
 `env_ids[i]` at that row's head; rows advance independently, any subset of envs in any order.
 
 `online_start [E]` is a second pointer over the same rows (the absolute step where the not-yet-consumed
@@ -27,21 +29,25 @@ from flax import struct
 from jax.experimental import checkify
 
 from buffers import checks
+from buffers.packing import PackedStorage, Packing, packing_of
 
 
 @struct.dataclass
-class RowState:
-    data: Any  # pytree, every leaf [E, T, *leaf_shape]
+class RowState(PackedStorage):
+    storage: tuple  # arrays [E, T, ...]: step a of env e at [e, a % T] (buffers/packing.py)
     written: jax.Array  # [E] int32: total steps ever written to each row
     online_start: jax.Array  # [E] int32: absolute step where the unconsumed online queue begins
+    packing: Packing = struct.field(pytree_node=False)
 
 
 def init_rows(prototype, num_envs: int, capacity_per_env: int) -> RowState:
-    """Zero storage `[E, T, ...]` for every leaf of `prototype` (a tree of ShapeDtypeStructs)."""
+    """Zero storage `[E, T, ...]` for steps like `prototype` (a tree of ShapeDtypeStructs or arrays)."""
+    packing = packing_of(prototype)
     return RowState(
-        data=checks.zeros_like_storage(prototype, (num_envs, capacity_per_env)),
+        storage=packing.zeros((num_envs, capacity_per_env)),
         written=jnp.zeros((num_envs,), jnp.int32),
         online_start=jnp.zeros((num_envs,), jnp.int32),
+        packing=packing,
     )
 
 
@@ -87,7 +93,7 @@ def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
     Returns `(rows, abs_steps [N] int32, row_index [N] int32)`: the absolute step each entry was written
     as, and its row (`E`, an out-of-range index that scatters drop, where it wrote nothing).
     """
-    num_envs, cap = rows.written.shape[0], jax.tree_util.tree_leaves(rows.data)[0].shape[1]
+    num_envs, cap = rows.storage[0].shape[:2]
     n = env_ids.shape[0]
     row = jnp.where(mask & (env_ids >= 0) & (env_ids < num_envs), env_ids, num_envs)
     # Last entry per row: scatter-max of the entry index (row E collects every dropped entry).
@@ -95,27 +101,32 @@ def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
     row = jnp.where(last[row] == jnp.arange(n), row, num_envs)
     abs_steps = rows.written[jnp.clip(env_ids, 0, num_envs - 1)]
     pos = abs_steps % cap
-    data = jax.tree_util.tree_map(lambda s, x: s.at[row, pos].set(x, mode="drop"), rows.data, steps)
+    storage = jax.tree_util.tree_map(lambda s, x: s.at[row, pos].set(x, mode="drop"), rows.storage,
+                                     rows.packing.pack(steps))
     written = rows.written.at[row].add(1, mode="drop")
-    return rows.replace(data=data, written=written), abs_steps, row
+    return rows.replace(storage=storage, written=written), abs_steps, row
 
 
 def peek(rows: RowState, env_ids: jax.Array):
     """Latest step of each env in `env_ids [N]` -> tree of `[N, ...]` (zeros for a row never written)."""
-    cap = jax.tree_util.tree_leaves(rows.data)[0].shape[1]
+    cap = rows.storage[0].shape[1]
     return gather(rows, env_ids, (rows.written[env_ids] - 1) % cap)
 
 
-def gather(rows: RowState, env_ids: jax.Array, positions: jax.Array):
-    """`data[env_ids[..., None], positions]` for every leaf: `env_ids [B]`, `positions [B, K]` -> `[B, K, ...]`
-    (or `[B]`, `[B]` -> `[B, ...]`).
+def gather(rows: RowState, env_ids: jax.Array, positions: jax.Array, length: int | None = None):
+    """The steps at `(env_ids [B], positions [B])` -> leaves `[B, ...]`; with `length` L, the windows of L
+    steps starting there (wrapping at T) -> leaves `[B, L, ...]`. One gather per leaf: a caller that uses
+    some leaves only pays for theirs.
 
     Indexes the storage viewed flat as `[E*T, ...]` (a free reshape): one index per element instead of an
     (env, pos) pair, about 3x faster on CPU than the two-index gather.
     """
-    e, t = jax.tree_util.tree_leaves(rows.data)[0].shape[:2]
-    flat = (env_ids[:, None] if positions.ndim == 2 else env_ids) * t + positions
-    return jax.tree_util.tree_map(lambda s: s.reshape((e * t,) + s.shape[2:])[flat], rows.data)
+    e, t = rows.storage[0].shape[:2]
+    if length is None:
+        flat = env_ids * t + positions
+    else:
+        flat = env_ids[:, None] * t + (positions[:, None] + jnp.arange(length)[None, :]) % t
+    return rows.packing.take(tuple(s.reshape((e * t,) + s.shape[2:]) for s in rows.storage), flat)
 
 
 def stored_steps(rows: RowState, capacity_per_env: int) -> jax.Array:
@@ -137,8 +148,7 @@ class RowBuffer:
     def add(self, state: RowState, steps, env_ids, mask=None) -> RowState:
         """Write `steps [N, ...]` to rows `env_ids [N]`, skipping entries where `mask [N]` is False (repeated
         or out-of-range ids: see the module docstring)."""
-        proto = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.data)
-        steps, env_ids, mask = prepare_add(proto, steps, env_ids, mask)
+        steps, env_ids, mask = prepare_add(state.packing.prototype, steps, env_ids, mask)
         if self.debug:
             check_env_ids(env_ids, mask, self.num_envs)
         state, _, _ = write(state, steps, env_ids, mask)

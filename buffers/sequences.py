@@ -144,8 +144,7 @@ class SequenceBuffer:
     def add(self, state: SequenceState, steps, env_ids, mask=None) -> SequenceState:
         """Write `steps [N, ...]` to rows `env_ids [N]` where `mask [N]` (default all True); see `rows.py` for
         repeated and out-of-range ids."""
-        proto = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape[2:], s.dtype), state.rows.data)
-        steps, env_ids, mask = rows.prepare_add(proto, steps, env_ids, mask)
+        steps, env_ids, mask = rows.prepare_add(state.rows.packing.prototype, steps, env_ids, mask)
         if self.debug:
             rows.check_env_ids(env_ids, mask, self.num_envs)
         done_new = self._rules.done_of(steps)

@@ -104,9 +104,9 @@ class SequenceRules:
 
     def gather(self, rows_state: RowState, st: Starts) -> SequenceSample:
         """The `[B, L]` windows of sampled starts, masked to their `remaining` steps."""
-        L, T = self.sequence_length, self.capacity_per_env
+        L = self.sequence_length
         ar = jnp.arange(L)
-        data = rows.gather(rows_state, st.env_ids, (st.positions[:, None] + ar[None, :]) % T)
+        data = rows.gather(rows_state, st.env_ids, st.positions, length=L)
         mask = ar[None, :] < st.remaining[:, None]
         return SequenceSample(data=data, mask=mask, env_ids=st.env_ids, slots=st.slots,
                               probabilities=st.probabilities)

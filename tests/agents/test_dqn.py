@@ -261,7 +261,7 @@ def test_train_step_donates_buffer():
     state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
     buf = _filled(agent)
     step = jax.jit(agent.train_step, donate_argnums=(0, 1))
-    leaf = buf.rows.data["obs"]
+    leaf = buf.rows.storage[0]
     state, buf, _ = step(state, buf, jax.random.PRNGKey(0))
     assert leaf.is_deleted()
     assert isinstance(state, TargetNetState)

@@ -1,5 +1,7 @@
 """Packing of item leaves into uint32 words (buffers/packing.py), against NumPy byte views."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -9,6 +11,7 @@ import pytest
 from buffers import BufferInputError, make_flat_buffer
 from buffers.flat import gather_items
 from buffers.packing import SEPARATE_WORDS, packing_of
+from rl.infra import xla_cpu
 
 RNG = np.random.default_rng(0)
 
@@ -107,3 +110,37 @@ def test_a_sample_of_small_items_is_one_gather():
 def test_an_unsupported_dtype_is_named_with_its_leaf():
     with pytest.raises(BufferInputError, match=r"prototype leaf \['z'\]: dtype complex64 cannot be stored"):
         make_flat_buffer(4).init({"x": np.float32(0), "z": np.complex64(0)})
+
+
+def test_a_gather_never_recomputes_the_random_draw_of_its_indices():
+    """XLA:CPU would fuse the threefry draw of uniform indices (its xors) into the gather of rows and redo it
+    for every gathered element (`computed_once`)."""
+    xla_cpu.unroll_threefry()  # as every run does: the rolled draw is a while loop, which never fuses
+    proto = {"obs": np.zeros(4, np.float32), "action": np.int32(0), "reward": np.float32(0), "done": False,
+             "next_obs": np.zeros(4, np.float32)}
+    buf = make_flat_buffer(1000)
+    text = jax.jit(lambda s, k: buf.sample(s, k, 256).items).lower(buf.init(proto), jax.random.key(0)).compile()
+    index_ops = [ops for c in text.as_text().split("\n\n") for ops in gather_index_ops(c)]
+    assert index_ops and not [ops for ops in index_ops if "xor" in ops], index_ops
+
+
+def gather_index_ops(computation: str):
+    """For each gather of rows (more than one element per index) in one HLO computation, the opcodes computing
+    its indices inside that computation (what the gather's loop recomputes for every element of a row)."""
+    defs, rows = {}, set()
+    for line in computation.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.-]+) = [^ ]+ ([\w-]+)\(([^)]*)\)", line)
+        if m:
+            defs[m[1]] = (m[2], re.findall(r"%([\w.-]+)", m[3]))
+            sizes = re.search(r"slice_sizes=\{([\d,]+)\}", line)
+            if m[2] == "gather" and sizes and np.prod([int(x) for x in sizes[1].split(",")]) > 1:
+                rows.add(m[1])
+    for name, (opcode, operands) in defs.items():
+        if name in rows:
+            seen, todo = set(), [operands[1]]
+            while todo:
+                name = todo.pop()
+                if name in defs and name not in seen:
+                    seen.add(name)
+                    todo += defs[name][1]
+            yield {defs[n][0] for n in seen}

@@ -168,11 +168,11 @@ def test_rows_donated_add_is_in_place():
     proto = {"obs": np.zeros((8, 8), np.uint8), "r": np.float32(0)}
     add = jax.jit(buf.add, donate_argnums=0)
     state = buf.init(proto)
-    ptr = state.data["obs"].unsafe_buffer_pointer()
+    ptrs = [x.unsafe_buffer_pointer() for x in state.storage]
     for t in range(3):
         steps = {"obs": np.full((2, 8, 8), t, np.uint8), "r": np.ones(2, np.float32)}
         state = add(state, steps, np.array([3, 1], np.int32))
-        assert state.data["obs"].unsafe_buffer_pointer() == ptr
+        assert [x.unsafe_buffer_pointer() for x in state.storage] == ptrs
     assert list(np.asarray(state.written)) == [0, 3, 0, 3]
 
 

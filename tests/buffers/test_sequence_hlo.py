@@ -92,7 +92,7 @@ def test_detector_catches_copying_variants():
     # 2. Donated, but the old storage stays live next to the new one.
     def keeps_old(state, key, steps, env_ids):
         new, n = step(state, key, steps, env_ids)
-        return new, n + jnp.sum(state.rows.data["obs"]) + jnp.sum(new.rows.data["obs"])
+        return new, n + jnp.sum(state.rows.storage[0]) + jnp.sum(new.rows.storage[0])
 
     report = in_place_report(jax.jit(keeps_old, donate_argnums=0).lower(state, key, steps, ids).compile(), state)
     assert report["copies"] or not report["temp_ok"]
@@ -100,8 +100,8 @@ def test_detector_catches_copying_variants():
     # 3. Donated, but storage rebuilt by a roll (what a shifting buffer would do).
     def rolls(state, key, steps, env_ids):
         new, n = step(state, key, steps, env_ids)
-        data = {**new.rows.data, "obs": jnp.roll(new.rows.data["obs"], 1, axis=1)}
-        return new.replace(rows=new.rows.replace(data=data)), n
+        storage = tuple(jnp.roll(x, 1, axis=1) for x in new.rows.storage)
+        return new.replace(rows=new.rows.replace(storage=storage)), n
 
     report = in_place_report(jax.jit(rolls, donate_argnums=0).lower(state, key, steps, ids).compile(), state)
     assert report["copies"] or not report["temp_ok"]
@@ -118,14 +118,14 @@ def test_donated_ops_keep_storage_pointers(kind):
         buf = make_sequence_buffer(E, 50, 8, period=4, priority_exponent=0.6, online_window=8)
         state = buf.init({"obs": np.zeros(OBS, np.float32), "done": False})
         steps = {"obs": jnp.ones((3, OBS), jnp.float32), "done": jnp.zeros(3, bool)}
-        leaf = lambda s: s.rows.data["obs"]
+        leaf = lambda s: s.rows.storage[0]
     else:
         buf = make_nstep_buffer(E, 50, 3, 0.99, priority_exponent=0.6)
         proto = {"obs": np.zeros(OBS, np.float32), "action": np.int32(0), "reward": np.float32(0),
                  "terminated": False, "truncated": False, "next_obs": np.zeros(OBS, np.float32)}
         state = buf.init(proto)
         steps = jax.tree_util.tree_map(lambda x: jnp.ones((3,) + np.shape(x), np.asarray(x).dtype), proto)
-        leaf = lambda s: s.rows.data["obs"]
+        leaf = lambda s: s.rows.storage[0]
     add = jax.jit(buf.add, donate_argnums=0)
     setp = jax.jit(buf.set_priorities, donate_argnums=0)
     ptrs = lambda s: (leaf(s).unsafe_buffer_pointer(), s.weights.tree.levels[-1].unsafe_buffer_pointer(),
