@@ -119,6 +119,8 @@ def test_valid_td_mask_matches_numpy_loop(n):
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="burn_in"):
         small_config(burn_in=11)
+    with pytest.raises(ValueError, match="burn_in"):
+        small_config(burn_in=-1)
     with pytest.raises(ValueError, match="buffer_size // num_envs"):
         R2D2(small_config(buffer_size=12 * E), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=2, num_envs=E)
     with pytest.raises(ValueError, match="period"):

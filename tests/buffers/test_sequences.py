@@ -404,3 +404,21 @@ def test_zeroed_priorities_sample_nothing(period):
     assert float(sumtree.total(state.weights.tree)) == 0 and not bool(buf.can_sample(state))
     s = buf.sample(state, jax.random.key(0), 8)
     assert not np.asarray(s.mask).any() and not np.asarray(s.probabilities).any()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_envs": 0}, "need num_envs >= 1"), ({"sequence_length": 0}, "sequence_length >= 1"),
+    ({"capacity_per_env": 4}, r"capacity_per_env \(4\) must exceed sequence_length \(4\)"),
+    ({"period": 0}, "period must be >= 1"), ({"start": "step"}, "start must be 'any' or 'episode'"),
+    ({"online_window": -1}, r"online_window must be in \[0, capacity_per_env=10\]"),
+    ({"online_window": 11}, r"online_window must be in \[0, capacity_per_env=10\]"),
+    ({"priority_exponent": -0.5}, "priority_exponent must be >= 0 or None"),
+    ({"length_power": -1.0}, "length_power must be >= 0"),
+])
+def test_each_bad_constructor_argument_is_refused_alone(kwargs, message):
+    """Every other argument valid; the bounds themselves are accepted (last call)."""
+    args = {"num_envs": 2, "capacity_per_env": 10, "sequence_length": 4}
+    with pytest.raises(ValueError, match=message):
+        make_sequence_buffer(**{**args, **kwargs})
+    make_sequence_buffer(num_envs=1, capacity_per_env=2, sequence_length=1, period=1, online_window=2,
+                         priority_exponent=0.0, length_power=0.0)

@@ -56,3 +56,13 @@ def test_cartpole_cart_is_gymnasiums_box_at_its_position_and_the_pole_stands_on_
     assert (rows.min(), rows.max(), cols.min(), cols.max()) == (164, 179, 226, 254)
     rows, cols = np.nonzero(np.all(frame == (202, 152, 101), axis=-1))
     assert rows.min() == 101 and 237 <= cols.min() and cols.max() <= 242  # 168 - 66.7 up, 6 px wide around 240
+
+
+def test_acrobot_joint_dots_are_centred_on_the_joints():
+    """Flat links as above: the pivot (120, 120) and the elbow (174, 120) each carry a yellow dot of radius 4,
+    i.e. a 9 px box centred on the joint."""
+    draw = video.renderer(SimpleNamespace(source="gymnax", id="Acrobot-v1")).frame
+    yellow = np.all(draw(np.array([0.0, 1.0, 1.0, 0.0, 0.0, 0.0], np.float32)) == (204, 204, 0), axis=-1)
+    for lo, hi, centre in ((0, 147, 120), (147, 240, 174)):
+        ys, xs = np.nonzero(yellow[:, lo:hi])
+        assert (xs.min() + lo, xs.max() + lo, ys.min(), ys.max()) == (centre - 4, centre + 4, 116, 124)

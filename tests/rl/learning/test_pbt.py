@@ -227,6 +227,7 @@ def test_resume_is_bit_exact(tmp_path, pbt_run):
     (["population.pbt.interval=400", "population.pbt.perturb=[0.8,-1]"], "population.pbt.perturb must be a non-empty"),
     (["population.pbt.interval=400", "population.pbt.perturb=[0,1.25]"], "population.pbt.perturb must be a non-empty"),
     (["population.pbt.interval=400", "population.pbt.perturb=0.8"], "population.pbt.perturb must be a non-empty"),
+    (["population.pbt.interval=400", "population.pbt.perturb=[true,1.25]"], "population.pbt.perturb must be a non-empty"),
     (["population.pbt.interval=400", "population.pbt.every=3"], "population.pbt.every: not a PBT key; PBT keys: "),
     (["population.pbt.interval=400", "population.agent.discount=[0.9]"],
      "population.pbt needs a population of at least 2 members"),

@@ -283,7 +283,7 @@ def test_seed_starts_each_seeds_stream(monkeypatch):
 
 def test_checkpoint_enabled_interval_and_keep(tmp_path, corridor):
     """`checkpoint.interval=16` saves at 16, 32 and 48 (the end), `checkpoint.keep=3` keeps all three (the
-    newest holds the final state); `checkpoint.enabled=false` writes none."""
+    newest holds the final state); `checkpoint.enabled=false` writes none; a run of 40 also saves its end."""
     common = ("total_steps=48", "log_interval=8", "checkpoint.interval=16")
     cfg = anakin_cfg(*common, "checkpoint.enabled=true", "checkpoint.keep=3")
     res = run_loop(cfg, Anakin(validate(cfg), VersionAgent(4)), tmp_path / "on")
@@ -296,6 +296,14 @@ def test_checkpoint_enabled_interval_and_keep(tmp_path, corridor):
     cfg = anakin_cfg(*common, "checkpoint.enabled=false")
     res = run_loop(cfg, Anakin(validate(cfg), VersionAgent(4)), tmp_path / "off")
     assert res["checkpoint"] is None and not (tmp_path / "off" / "checkpoints").exists()
+
+    # An interval that does not divide the run: 16 and 32, then the end of the run saves 40 and names it.
+    cfg = anakin_cfg("total_steps=40", "log_interval=8", "checkpoint.interval=16", "checkpoint.enabled=true",
+                     "checkpoint.keep=3")
+    res = run_loop(cfg, Anakin(validate(cfg), VersionAgent(4)), tmp_path / "end")
+    ckpts = tmp_path / "end" / "checkpoints"
+    assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [16, 32, 40]
+    assert res["checkpoint"] == str(ckpts / "40")
 
 
 class NaNAgent(VersionAgent):
