@@ -264,6 +264,19 @@ def test_a_run_saved_before_the_families_resumes():
 
 
 
+def test_resume_compares_interpolations_by_their_values():
+    """A key given as an interpolation (`agent.batch_size=${num_envs}`) matches a saved run whose value is the
+    same number; the saved config is resolved, so the one resumed is compared resolved."""
+    now = compose(["agent=dqn", "env=cartpole"])
+    saved = _filled(OmegaConf.to_container(now, resolve=True))
+    saved["agent"]["batch_size"] = int(now.num_envs)
+    now.agent.batch_size = "${num_envs}"
+    config.check_resumable(saved, now)
+    saved["agent"]["batch_size"] += 1
+    with pytest.raises(ConfigError, match="cannot resume: agent.batch_size"):
+        config.check_resumable(saved, now)
+
+
 def test_a_renamed_key_is_refused_naming_its_new_name_and_old_runs_resume_with_it():
     """`env.batch_size` (envs per recv, read as the learner's batch) is `env.envs_per_recv` now: on the
     command line the old name gets one line naming the new one; a run saved with the old name resumes."""

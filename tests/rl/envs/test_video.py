@@ -159,18 +159,25 @@ def test_bad_video_input_is_one_line(tmp_path, capsys, monkeypatch):
 
 def test_envpool_video_records_whole_episodes_and_their_returns():
     """envpool CartPole, a policy that always pushes left: one frame per recv (each episode's frames, then the
-    next episode's first), and each return is the episode's length (reward 1 per step), 8-11 steps here."""
+    next episode's first), and each return is the episode's length (reward 1 per step), 8-11 steps here. The
+    policy's carry (a step counter, as a recurrent state) is one env's and starts afresh with each episode."""
     import jax.numpy as jnp
+
+    seen = []
 
     class Left:
         def initial_carry(self, n):
-            return ()
+            return np.zeros(n, np.int32)
 
         def act(self, obs, carry, key):
-            return jnp.zeros(obs.shape[0], jnp.int32), carry
+            seen.append(np.asarray(carry).tolist())
+            return jnp.zeros(obs.shape[0], jnp.int32), carry + 1
 
     clip = video.record(env_config({"source": "envpool", "id": "CartPole-v1"}), Left(), episodes=3, seed=0)
     assert len(clip.returns) == 3 and all(8 <= r <= 11 for r in clip.returns), clip.returns
     # frames: every episode's reset observation and its steps, up to the step that ended the third
     assert len(clip.frames) == sum(r + 1 for r in clip.returns)
+    # the carry counts each episode's steps from 0 (reset, then one act per step; the last act is the third's)
+    assert seen == [[t] for r in clip.returns for t in range(int(r) + 1)][: len(seen)]
+    assert len(seen) == len(clip.frames)
     assert clip.frames.ndim == 4 and clip.frames.shape[-1] == 3

@@ -187,6 +187,19 @@ def test_population_summary_has_each_members_final_and_greedy_returns(tmp_path):
         assert (row["seeds"], row["env_steps"]) == (2, 200)
 
 
+def test_member_overrides_are_the_columns_between_member_and_seed(tmp_path):
+    """A population run's metrics.csv: `{member: {override: value}}` from the columns between `member` and
+    `seed` (two of them here, each keeping its own value); a run without members gives {}."""
+    with (tmp_path / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env_steps", "member", "agent.optim.lr", "agent.discount", "seed", "episode_return"])
+        w.writerows([[100, 0, 0.1, 0.9, 0, 1], [100, 1.0, 0.2, 0.99, 0, 5]])
+    assert sweep.member_overrides(tmp_path) == {0: {"agent.optim.lr": "0.1", "agent.discount": "0.9"},
+                                                1: {"agent.optim.lr": "0.2", "agent.discount": "0.99"}}
+    (tmp_path / "metrics.csv").write_text("env_steps,seed,episode_return\n100,0,1\n")
+    assert sweep.member_overrides(tmp_path) == {}
+
+
 def test_find_runs_orders_by_job_number_then_path(tmp_path):
     """Run dirs (a metrics.csv) in hydra job order: job.json's number, else a numeric dir name; runs with
     neither, and a job.json without a number, come last, by path."""
