@@ -29,7 +29,7 @@ from flax import struct
 from jax.experimental import checkify
 
 from buffers import checks
-from buffers.packing import PackedStorage, Packing, packing_of
+from buffers.packing import PackedStorage, Packing, computed_once, packing_of
 
 
 @struct.dataclass
@@ -122,10 +122,11 @@ def gather(rows: RowState, env_ids: jax.Array, positions: jax.Array, length: int
     (env, pos) pair, about 3x faster on CPU than the two-index gather.
     """
     e, t = rows.storage[0].shape[:2]
+    env_ids, positions = computed_once(env_ids), computed_once(positions)  # the samplers' arithmetic, once
     if length is None:
         flat = env_ids * t + positions
     else:
-        flat = env_ids[:, None] * t + (positions[:, None] + jnp.arange(length)[None, :]) % t
+        flat = computed_once(env_ids[:, None] * t + (positions[:, None] + jnp.arange(length)[None, :]) % t)
     return rows.packing.take(tuple(s.reshape((e * t,) + s.shape[2:]) for s in rows.storage), flat)
 
 
