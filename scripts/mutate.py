@@ -221,7 +221,7 @@ MUTANTS: list[Mutant] = [
       "jnp.asarray(gamma, jnp.float32) ** k.astype(jnp.float32) * (1.0 - term)",
       "jnp.asarray(gamma, jnp.float32) ** k.astype(jnp.float32)", BUF_NSTEP),
     M("nstep_next_obs_of_first_step", "buffers/nstep.py",
-      'next_obs=pick("next_obs", st.env_ids, last)', 'next_obs=pick("next_obs", st.env_ids, st.positions)', BUF_NSTEP),
+      'next_obs=_field(final, "next_obs")', 'next_obs=_field(first, "next_obs")', BUF_NSTEP),
     M("nstep_rewards_undiscounted", "buffers/nstep.py",
       "g = jnp.asarray(gamma, jnp.float32) ** jnp.arange(n, dtype=jnp.float32)", "g = jnp.ones((n,), jnp.float32)",
       BUF_NSTEP),
@@ -344,6 +344,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "steps",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
+    ("rl/learning/pbt.py", "members = returns.shape[0]", "minus_one"):
+        "returns is [M], one axis: shape[-1] is shape[0]",
+    ("buffers/online.py", "rem = jnp.where(ok, self.weights.remaining_of(rows_state, w, chosen), 0)", "minus_one"):
+        "only an empty queue's sample takes this 0 (probabilities 0): remaining -1 or 0 both give its all-False mask "
+        "(arange(L) < remaining), the only use the online sample makes of it",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
         "the gymnax video steps one env: every step array has length 1, [-1] is [0]",
     ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):

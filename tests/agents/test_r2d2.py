@@ -432,3 +432,15 @@ def test_r2d2_pong_smoke_sebulba(tmp_path):
         rows = list(csv.DictReader(f))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert losses and np.isfinite(losses).all()
+
+
+def test_a_members_epsilons_come_from_its_own_epsilon_hyperparameters():
+    """A population member that sets epsilon_base / epsilon_alpha acts with the Ape-X epsilons of its values;
+    one that sets neither (or other keys) acts with the config's."""
+    agent = R2D2(small_config(epsilon_base=0.4, epsilon_alpha=7.0), obs_shape=(2,), obs_dtype=jnp.float32,
+                 num_actions=2, num_envs=E)
+    base = 0.4 ** (1 + 7.0 * np.arange(E) / (E - 1))
+    np.testing.assert_allclose(np.asarray(agent.member_epsilons()), base, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(agent.member_epsilons({"discount": jnp.float32(0.5)})), base, rtol=1e-6)
+    member = agent.member_epsilons({"epsilon_base": jnp.float32(0.2), "epsilon_alpha": jnp.float32(3.0)})
+    np.testing.assert_allclose(np.asarray(member), 0.2 ** (1 + 3.0 * np.arange(E) / (E - 1)), rtol=1e-5)
