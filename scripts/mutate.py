@@ -395,6 +395,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "returns is one-dimensional ([members]): shape[-1] is shape[0]",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
+    ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "minus_one"):
+        "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
      "plus_one"):
         "the fill marks rows no entry wrote: any negative fill loses every max and equals no entry index",
