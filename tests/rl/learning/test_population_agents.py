@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agents import population_keys
+from buffers.packing import PackedStorage
 from rl.config import ConfigError, compose
 from rl.experiment import build, run
 
@@ -40,8 +41,12 @@ EVERY_KEY = {
 
 
 def _leaves(tree):
+    """Every array leaf (keys as their data; buffer storage unpacked into its items, so that stored floats
+    compare as floats, not as the uint32 words that hold them)."""
+    unpacked = jax.tree_util.tree_map(lambda x: (x.data, x.replace(storage=())) if isinstance(x, PackedStorage) else x,
+                                      tree, is_leaf=lambda x: isinstance(x, PackedStorage))
     return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
-            for x in jax.tree_util.tree_leaves(tree)]
+            for x in jax.tree_util.tree_leaves(unpacked)]
 
 
 @pytest.mark.parametrize("agent", ["r2d2", "muesli"])
