@@ -191,3 +191,23 @@ def test_a_population_logs_one_wandb_run_per_member_in_one_group(tmp_path, monke
     assert logger.wandb_id == ",".join(r.id for r in runs)
     paths = logger.close()
     assert len(list(paths["wandb"].glob("offline-run-*"))) == 2
+
+
+def test_a_member_with_one_seed_logs_its_values_under_their_own_names(tmp_path, monkeypatch):
+    """One seed per member: its wandb run gets `<key>` (the value itself) and `<key>/mean`, no `/seed<i>` keys."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = _cfg(1000, progress=False)
+    cfg.logger.wandb.mode = "offline"
+    rows = [{"member": m, "agent.optim.lr": lr, "seed": 0} for m, lr in enumerate([1e-3, 3e-3])]
+    logger = RunLogger(cfg, tmp_path / "pop", rows=rows)
+    logger.start(start_step=0, num_seeds=2, total_steps=1000)
+    runs = [run for run, _ in logger._wandb]
+    logged = {r.id: [] for r in runs}
+    for run in runs:
+        monkeypatch.setattr(run, "log", lambda data, step, i=run.id: logged[i].append((step, data)))
+    logger.log(500, {"episode_return": [1.0, 2.0]})
+    for run, value in zip(runs, (1.0, 2.0)):
+        (step, data), = logged[run.id]
+        assert step == 500 and {k: v for k, v in data.items() if k != "sps"} == {
+            "episode_return": value, "episode_return/mean": value}
+    logger.close()
