@@ -72,7 +72,8 @@ def set(tree: SumTree, indices: jax.Array, values: jax.Array) -> SumTree:
     n = levels[-1].shape[0]
     idx = indices.astype(jnp.int32)
     idx = jnp.where((idx >= 0) & (idx < n), idx, n)  # out of range -> dropped by every scatter below
-    levels[-1] = levels[-1].at[idx].set(values.astype(levels[-1].dtype), mode="drop")
+    leaves = levels[-1]
+    levels[-1] = leaves.at[idx].set(values.astype(leaves.dtype), mode="drop")
     for lvl in range(len(levels) - 1, 0, -1):
         idx = idx // f
         rows = jnp.take(levels[lvl].reshape(-1, f), idx, axis=0, mode="fill", fill_value=0)

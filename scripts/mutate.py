@@ -395,9 +395,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "returns is one-dimensional ([members]): shape[-1] is shape[0]",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
-    ("buffers/sumtree.py", 'levels[-1] = levels[-1].at[idx].set(values.astype(levels[-1].dtype), mode="drop")',
-     "minus_one"):
-        "every level of the tree has the same dtype: levels[-0] (the top) casts the values as the leaves would",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "minus_one"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
