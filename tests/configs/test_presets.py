@@ -277,6 +277,16 @@ def test_resume_compares_interpolations_by_their_values():
         config.check_resumable(saved, now)
 
 
+def test_a_free_section_given_on_resume_replaces_the_saved_one():
+    """`logger=none` on resume replaces the saved logger section whole: a key only the saved run had is gone."""
+    saved = _filled(OmegaConf.to_container(compose(["agent=dqn", "env=cartpole"]), resolve=True))
+    saved["logger"]["stale"] = 1
+    command = ["agent=dqn", "env=cartpole", "logger=none"]
+    now = compose(command)
+    merged = config.resume_config(saved, now, command)
+    assert OmegaConf.to_container(merged.logger) == OmegaConf.to_container(now.logger, resolve=True)
+
+
 def test_a_renamed_key_is_refused_naming_its_new_name_and_old_runs_resume_with_it():
     """`env.batch_size` (envs per recv, read as the learner's batch) is `env.envs_per_recv` now: on the
     command line the old name gets one line naming the new one; a run saved with the old name resumes."""
