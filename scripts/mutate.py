@@ -397,6 +397,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
     ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "minus_one"):
         "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
+    ("buffers/clustered.py", "slot = state.head[jnp.minimum(cid, k - 1)]", "sub_to_add"):
+        "the slot is only used by a write that drops the item unless 0 <= cid < k, where the clamp is a no-op "
+        "(past k, jax clamps the read of head)",
+    ("buffers/clustered.py", "slot = state.head[jnp.minimum(cid, k - 1)]", "minus_one"):
+        "the slot is only used by a write that drops the item unless 0 <= cid < k, where the clamp is a no-op "
+        "(past k, jax clamps the read of head)",
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
      "plus_one"):
         "the fill marks rows no entry wrote: any negative fill loses every max and equals no entry index",
