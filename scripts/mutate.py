@@ -349,6 +349,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("buffers/online.py", "rem = jnp.where(ok, self.weights.remaining_of(rows_state, w, chosen), 0)", "minus_one"):
         "only an empty queue's sample takes this 0 (probabilities 0): remaining -1 or 0 both give its all-False mask "
         "(arange(L) < remaining), the only use the online sample makes of it",
+    ("rl/envs/video.py", 'draw.line([(fx, fy), (fx, fy - 40)], fill="black")', "minus_one"):
+        "the flag, drawn after the pole, covers the pole's column from fy-40 to fy-30: a pole up to fy-39 draws the "
+        "same frame (one up to fy-41 pokes out above the flag: tests/rl/envs/test_video.py)",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
         "the gymnax video steps one env: every step array has length 1, [-1] is [0]",
     ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):
