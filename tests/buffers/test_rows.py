@@ -240,3 +240,26 @@ def test_masked_entries_write_nothing_even_with_garbage_ids():
     assert int(np.sum(np.asarray(state.rows.data["x"]) != 0)) == 1
     assert float(state.weights.tree.levels[-1][E * T]) == 0.0  # the dummy leaf stays empty
     np.testing.assert_array_equal(np.asarray(before.weights.done), np.asarray(state.weights.done))
+
+
+def test_gather_reads_steps_and_windows_like_numpy_indexing():
+    """`rows.gather` at `(env, position)` and its windows of `length` steps forward in time (wrapping at T):
+    `data[e, p]` and `data[e, (p + arange(L)) % T]`, for every leaf."""
+    from buffers import rows as rows_lib
+
+    rng = np.random.default_rng(0)
+    E, T, L = 3, 7, 4
+    buf = make_row_buffer(E, T)
+    state = buf.init(PROTO)
+    for _ in range(12):  # wraps every row
+        ids = rng.permutation(E)
+        steps = {"x": rng.integers(0, 99, E).astype(np.int32), "v": rng.normal(size=(E, 2)).astype(np.float32),
+                 "done": rng.random(E) < 0.5}
+        state = buf.add(state, steps, ids)
+    data = jax.tree_util.tree_map(np.asarray, state.data)
+    env, pos = rng.integers(0, E, 20).astype(np.int32), rng.integers(0, T, 20).astype(np.int32)
+    one = jax.jit(rows_lib.gather)(state, env, pos)
+    window = jax.jit(rows_lib.gather, static_argnums=3)(state, env, pos, L)
+    for k, leaf in data.items():
+        np.testing.assert_array_equal(np.asarray(one[k]), leaf[env, pos])
+        np.testing.assert_array_equal(np.asarray(window[k]), leaf[env[:, None], (pos[:, None] + np.arange(L)) % T])
