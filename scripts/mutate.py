@@ -353,8 +353,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the flag, drawn after the pole, covers the pole's column from fy-40 to fy-30: a pole up to fy-39 draws the "
         "same frame (one up to fy-41 pokes out above the flag: tests/rl/envs/test_video.py)",
     ("buffers/tree_weights.py", "if P == 1:", "minus_one"):
-        "a shortcut: with period 1 the general path's aligned offsets ((-(a - L + 1)) % 1 = 0, stride 1) are every "
-        "offset 0..L-1, the shortcut's result",
+        "a shortcut: with period 1 the general path's aligned offsets ((-(a - L + 1)) % 1 = 0) are every offset "
+        "0..L-1, the shortcut's, plus offset L-1 again (stride 1), which refreshes the same start with the same weight",
     ("rl/envs/video.py", "if bool(ts.terminated[0] | ts.truncated[0]):", "minus_one"):
         "the gymnax video steps one env: every step array has length 1, [-1] is [0]",
     ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):
