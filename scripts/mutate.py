@@ -352,6 +352,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/envs/video.py", 'draw.line([(fx, fy), (fx, fy - 40)], fill="black")', "minus_one"):
         "the flag, drawn after the pole, covers the pole's column from fy-40 to fy-30: a pole up to fy-39 draws the "
         "same frame (one up to fy-41 pokes out above the flag: tests/rl/envs/test_video.py)",
+    ("rl/experiment.py", "key = jax.random.PRNGKey(0) if key is None else key", "plus_one"):
+        "the loaded policy acts with explore=False: DQN and R2D2 then use epsilon 0 (the random action is never "
+        "taken) and Muesli the argmax, so no action reads the key",
     ("buffers/tree_weights.py", "if P == 1:", "minus_one"):
         "a shortcut: with period 1 the general path's aligned offsets ((-(a - L + 1)) % 1 = 0) are every offset "
         "0..L-1, the shortcut's, plus offset L-1 again (stride 1), which refreshes the same start with the same weight",

@@ -422,3 +422,22 @@ def test_each_bad_constructor_argument_is_refused_alone(kwargs, message):
         make_sequence_buffer(**{**args, **kwargs})
     make_sequence_buffer(num_envs=1, capacity_per_env=2, sequence_length=1, period=1, online_window=2,
                          priority_exponent=0.0, length_power=0.0)
+
+
+@pytest.mark.parametrize("period", [1, 2, 3])
+def test_counted_sample_probabilities_are_the_weights_normalised_for_rows_shorter_than_a_sequence(period):
+    """Counted weights (no sum tree), length_power 1: a start's weight is its remaining length, so short rows
+    (fewer than L steps: their first start at 0 is short too) weigh less; every sampled start's probability is
+    its weight over the sum of all weights, the slots of the per-slot view (`weights`)."""
+    L = 6
+    buf = make_sequence_buffer(3, 20, L, period=period, length_power=1.0, cross_episodes=True)
+    state = buf.init({"x": np.int32(0), "done": False})
+    for t, ids in enumerate([[0, 1, 2], [0, 1, 2], [0, 2], [0, 2], [0], [0], [0], [0], [0]]):
+        state = buf.add(state, {"x": np.full(len(ids), t, np.int32), "done": np.zeros(len(ids), bool)},
+                        np.array(ids, np.int32))
+    weights = np.asarray(buf.weights(state))  # rows hold 9, 2 and 4 steps
+    assert weights.reshape(3, 20)[1, 0] == 2.0 and weights.reshape(3, 20)[2, 0] == 4.0
+    sample = jax.jit(buf.sample, static_argnums=2)(state, jax.random.key(0), 256)
+    slots = np.asarray(sample.slots)
+    np.testing.assert_allclose(np.asarray(sample.probabilities), weights[slots] / weights.sum(), rtol=1e-5)
+    assert np.all(weights[slots] > 0)

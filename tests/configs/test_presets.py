@@ -277,6 +277,16 @@ def test_resume_compares_interpolations_by_their_values():
         config.check_resumable(saved, now)
 
 
+def test_a_section_that_was_a_value_is_refused_by_name():
+    """A saved run whose `agent.network` was a plain value where the config now has a section: resuming is
+    refused naming the key (not a crash comparing a value with a section)."""
+    now = compose(["agent=dqn", "env=cartpole"])
+    saved = _filled(OmegaConf.to_container(now, resolve=True))
+    saved["agent"]["network"] = "mlp"
+    with pytest.raises(ConfigError, match="cannot resume: agent.network"):
+        config.check_resumable(saved, now)
+
+
 def test_a_free_section_given_on_resume_replaces_the_saved_one():
     """`logger=none` on resume replaces the saved logger section whole: a key only the saved run had is gone."""
     saved = _filled(OmegaConf.to_container(compose(["agent=dqn", "env=cartpole"]), resolve=True))
