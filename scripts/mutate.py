@@ -355,6 +355,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/experiment.py", "key = jax.random.PRNGKey(0) if key is None else key", "plus_one"):
         "the loaded policy acts with explore=False: DQN and R2D2 then use epsilon 0 (the random action is never "
         "taken) and Muesli the argmax, so no action reads the key",
+    ("rl/runners/sebulba.py", ("self.mesh = sharding.mesh_over(self.learner_devices) if len(self.learner_devices) > 1 "
+                               "else None"), "minus_one"):
+        "a mesh over the one learner device places every array on that device, as no mesh does: the same "
+        "values, one compile (the Sebulba tests count it)",
     ("buffers/tree_weights.py", "if P == 1:", "minus_one"):
         "a shortcut: with period 1 the general path's aligned offsets ((-(a - L + 1)) % 1 = 0) are every offset "
         "0..L-1, the shortcut's, plus offset L-1 again (stride 1), which refreshes the same start with the same weight",
