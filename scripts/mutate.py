@@ -308,6 +308,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "no agent reads env_ids when explore=False (R2D2 indexes its actor epsilons with them only when exploring)",
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "or_to_and"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
+    ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "plus_one"):
+        "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
         ONE_ENV_RECV,
     ("rl/envs/video.py", "fresh = bool(r.terminated[0] | r.truncated[0])", "minus_one"):
