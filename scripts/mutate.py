@@ -308,6 +308,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "no agent reads env_ids when explore=False (R2D2 indexes its actor epsilons with them only when exploring)",
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "or_to_and"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
+    ("rl/runners/sebulba_actor.py", "extras = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape[1:], x.dtype), extras)",
+     "plus_one"):
+        "every agent's act extras hold one value per env (`[M]`; Muesli's behaviour log-probability): shape[2:] is "
+        "shape[1:] = ()",
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "plus_one"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):

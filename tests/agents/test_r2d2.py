@@ -104,10 +104,10 @@ def valid_td_mask_np(mask, terminated, done, n):
     return ok
 
 
-@pytest.mark.parametrize("n", [1, 3, 5])
+@pytest.mark.parametrize("n", [1, 3, 5, 9, 12])  # 9 = steps - 1: a chain can reach the last step; 12: past it
 def test_valid_td_mask_matches_numpy_loop(n):
     rng = np.random.default_rng(n)
-    steps, batch = 10, 40
+    steps, batch = 10, 400  # enough columns that some chain runs from step 0 into a stop at the last step
     mask = np.arange(steps)[:, None] < rng.integers(1, steps + 1, batch)[None, :]
     done = rng.random((steps, batch)) < 0.2
     terminated = done & (rng.random((steps, batch)) < 0.5)
