@@ -327,3 +327,16 @@ def test_two_seed_init_finishes(agent):
     except subprocess.TimeoutExpired:
         pytest.fail(f"{agent} with seeds=2 did not initialise within 240 s (hang)")
     assert proc.returncode == 0 and "initialised 0" in proc.stdout, proc.stderr
+
+
+def test_the_error_names_the_earliest_non_finite_value_and_prefers_the_loss_on_a_tie():
+    """`guard.check`: the earliest step wins; at the same step the loss is named first, the others after."""
+    from rl.runners import guard
+
+    guard.check({"loss": NOT_SEEN, "params": NOT_SEEN})  # nothing seen: no error
+    with pytest.raises(NonFiniteError, match=r"^the agent's parameters became non-finite \(NaN/Inf\) at env step 40 "
+                                             r"\(also: loss\)\."):
+        guard.check({"loss": 80, "params": 40})
+    with pytest.raises(NonFiniteError, match=r"^train metric `loss` became non-finite \(NaN/Inf\) at env step 40 "
+                                             r"\(also: params, q\)\."):
+        guard.check({"params": 40, "q": 40, "loss": 40})
