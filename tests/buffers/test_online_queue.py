@@ -86,6 +86,7 @@ def test_online_queue_matches_reference(cfg, ops, seed):
             assert not bool(buf.can_sample_online(state))
             empty = buf.sample_online(state, jax.random.key(arg), 4)
             assert not np.asarray(empty.mask).any() and not np.asarray(empty.probabilities).any()
+            assert not np.asarray(empty.slots).any()  # the contract: slots 0 (sequences.py)
         elif kind == "online":
             has = ref.online_weights().sum() > 0
             assert bool(buf.can_sample_online(state)) == has

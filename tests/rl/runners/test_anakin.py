@@ -169,3 +169,13 @@ def test_accelerator_chunk_has_no_conditional(tiny_cfg):
     state, it = runner.init()
     hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()
     assert " conditional(" not in hlo
+
+
+def test_agent_state_is_one_rows_state_without_the_seed_axis(tiny_cfg):
+    """`agent_state(state, row)` (what `rl.load_policy` acts with): row `row` of every leaf of the agent state."""
+    runner = build(tiny_cfg("seeds=2", "seed=5"))
+    state = runner.init()
+    for row in (0, 1):
+        got = runner.agent_state(state, row)
+        for x, y in zip(_leaves(got), _leaves(state[0].agent), strict=True):
+            np.testing.assert_array_equal(x, y[row])
