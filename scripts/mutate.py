@@ -281,7 +281,8 @@ TESTS_OF: dict[str, tuple[str, ...]] = {
     "buffers/starts.py": SEQUENCE_TESTS,
     "buffers/tree_weights.py": SEQUENCE_TESTS,
     "rl/learning/exploration.py": ("tests/agents/test_dqn.py", "tests/agents/test_r2d2.py"),
-    "rl/learning/target_update.py": ("tests/agents/test_dqn.py", "tests/agents/test_muesli.py"),
+    "rl/learning/target_update.py": ("tests/rl/learning/test_target_update.py", "tests/agents/test_dqn.py",
+                                     "tests/agents/test_muesli.py"),
     "rl/runners/totals.py": ("tests/rl/runners/test_runner_options.py", "tests/rl/runners/test_faults.py", "tests/rl/runners/test_resume.py"),
 }
 # Test files that run a module without importing it, run after the files that import it: the multi-process
