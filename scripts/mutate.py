@@ -313,6 +313,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "plus_one"):
         "every agent's act extras hold one value per env (`[M]`; Muesli's behaviour log-probability): shape[2:] is "
         "shape[1:] = ()",
+    ("rl/config.py", "before = OmegaConf.to_container(before, resolve=True) if OmegaConf.is_config(before) else before",
+     "true_to_false"):
+        "`before` comes from the saved config, which checkpoint.make_meta stores resolved: it holds no interpolation",
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "plus_one"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):

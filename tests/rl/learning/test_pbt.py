@@ -261,3 +261,11 @@ def test_pbt_rescues_bad_learning_rates_on_cartpole(tmp_path):
            "pbt": {"final": final(with_pbt).tolist(), "eval": greedy(with_pbt).tolist()}})
     assert max(greedy(with_pbt).max(), final(with_pbt).max()) >= 500
     assert np.median(final(with_pbt)) > np.median(final(fixed))
+
+
+def test_pbt_accepts_the_smallest_population_its_check_names():
+    """Two members (the stated minimum) get a PBT config; one is refused; interval 0 is off for any size."""
+    assert pbt.pbt_config({"interval": 400}, members=2).interval == 400
+    with pytest.raises(ValueError, match="at least 2 members"):
+        pbt.pbt_config({"interval": 400}, members=1)
+    assert pbt.pbt_config({"interval": 0}, members=1) is None
