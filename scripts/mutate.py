@@ -316,6 +316,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/config.py", "before = OmegaConf.to_container(before, resolve=True) if OmegaConf.is_config(before) else before",
      "true_to_false"):
         "`before` comes from the saved config, which checkpoint.make_meta stores resolved: it holds no interpolation",
+    ("buffers/tree_weights.py", "s_rem = jnp.where(s_abs >= 0, jnp.take_along_axis(rem, j, axis=1), 0)",
+     "where_to_true_branch"):
+        "after_write keeps a refreshed start only where s_abs >= 0 (its leaf, remaining and weight are all masked by "
+        "`keep`), so the remaining of a start before the row's first step is never stored",
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "plus_one"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
