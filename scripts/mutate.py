@@ -298,6 +298,9 @@ ALSO_TESTS: dict[str, tuple[str, ...]] = {
     "rl/learning/agent.py": ("tests/agents/test_muesli.py",),
 }
 
+ONE_AXIS_RETURNS = "returns is one-dimensional ([members]): shape[-1] is shape[0]"
+CLAMP_OF_DROPPED = ("the clamped id is only read for items the write drops unless 0 <= id < k, where the clamp is "
+                    "a no-op (past k, jax clamps the read)")
 ONE_ENV_RECV = "the video's envpool source has one env (envs_per_recv=1): every recv array has length 1, [-1] is [0]"
 # Mutants that cannot change behaviour, keyed by (file, the stripped source line, operator), with the reason.
 # A line holding the same operator twice is one key: both of its mutants are listed as equivalent.
@@ -359,7 +362,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
         "randint_below(n) is floor(n X / 2**64): n = 0 and n = 1 both give 0 (an empty buffer's slot 0)",
     ("rl/learning/pbt.py", "members = returns.shape[0]", "minus_one"):
-        "returns is [M], one axis: shape[-1] is shape[0]",
+        ONE_AXIS_RETURNS,
     ("buffers/online.py", "rem = jnp.where(ok, self.weights.remaining_of(rows_state, w, chosen), 0)", "minus_one"):
         "only an empty queue's sample takes this 0 (probabilities 0): remaining -1 or 0 both give its all-False mask "
         "(arange(L) < remaining), the only use the online sample makes of it",
@@ -414,22 +417,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "only an entry outside [0, E) reads another row's count, and it writes nothing (row E): its abs step is unused",
     ("rl/learning/pbt.py", "first = jnp.arange(returns.shape[0]) * seeds  # a member's values: those of its first row",
      "minus_one"):
-        "returns is one-dimensional ([members]): shape[-1] is shape[0]",
+        ONE_AXIS_RETURNS,
     ("rl/infra/logging.py", "data[k] = float(v[0])", "minus_one"):
         "the branch for a run of one row: v has length 1, v[-1] is v[0]",
     ("rl/learning/pbt.py", ("value = jnp.where(source != jnp.arange(returns.shape[0]), jnp.clip(value, lo, hi), "
                             "agent.hparams[k][first])"), "minus_one"):
-        "returns is one-dimensional ([members]): shape[-1] is shape[0]",
-    ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "sub_to_add"):
-        "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
-    ("buffers/clustered.py", "ids_c = jnp.minimum(ids, k - 1)", "minus_one"):
-        "ids_c is only read for items the write drops unless valid (0 <= id < k, where the clamp is a no-op)",
-    ("buffers/clustered.py", "slot = state.head[jnp.minimum(cid, k - 1)]", "sub_to_add"):
-        "the slot is only used by a write that drops the item unless 0 <= cid < k, where the clamp is a no-op "
-        "(past k, jax clamps the read of head)",
-    ("buffers/clustered.py", "slot = state.head[jnp.minimum(cid, k - 1)]", "minus_one"):
-        "the slot is only used by a write that drops the item unless 0 <= cid < k, where the clamp is a no-op "
-        "(past k, jax clamps the read of head)",
+        ONE_AXIS_RETURNS,
+    **{("buffers/clustered.py", line, op): CLAMP_OF_DROPPED for line in (
+        "ids_c = jnp.minimum(ids, k - 1)", "slot = state.head[jnp.minimum(cid, k - 1)]")
+       for op in ("sub_to_add", "minus_one")},
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
      "plus_one"):
         "the fill marks rows no entry wrote: any negative fill loses every max and equals no entry index",
