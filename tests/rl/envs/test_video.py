@@ -96,6 +96,17 @@ def test_mountaincar_car_sits_at_its_position_on_the_hill():
         assert top == int(hill - 16) and width == 17  # a 16 x 16 px ellipse standing on the hill
 
 
+def test_mountaincar_hill_is_a_2_pixel_line_through_the_valley_floor():
+    """At the valley's bottom (position -pi/6, where the hill is flat) the hill is gym's 2 px line at
+    y = 240 - 10 - 0.1 * 320 / 1.8, and nothing else is drawn in that column (the car is far away)."""
+    frame = video.renderer(env_config({"source": "gymnax", "id": "MountainCar-v0"})).frame(
+        np.asarray([0.4, 0.0], np.float32))
+    scale = 320 / 1.8
+    column = int((-np.pi / 6 + 1.2) * scale)
+    rows = np.nonzero(np.all(frame[:, column] == 0, -1))[0]
+    assert len(rows) == 2 and abs(rows.mean() - (230 - 0.1 * scale)) <= 1, rows
+
+
 def test_mountaincar_flag_flies_at_the_top_of_a_40_pixel_pole_at_the_goal():
     """The goal (0.5) is marked by a black pole 40 px tall standing on the hill and a yellow flag over its top
     10 px: the pole's column is black from the hill up to the flag, and nothing pokes out above the flag."""
