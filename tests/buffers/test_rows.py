@@ -263,3 +263,18 @@ def test_gather_reads_steps_and_windows_like_numpy_indexing():
     for k, leaf in data.items():
         np.testing.assert_array_equal(np.asarray(one[k]), leaf[env, pos])
         np.testing.assert_array_equal(np.asarray(window[k]), leaf[env[:, None], (pos[:, None] + np.arange(L)) % T])
+
+
+def test_smallest_rows_hold_one_step_of_one_env_and_empty_sizes_are_rejected():
+    """num_envs = capacity_per_env = 1 is a valid buffer (each add replaces the one step); 0 of either fails
+    naming both sizes."""
+    buf = make_row_buffer(1, 1)
+    state = buf.init(PROTO)
+    for i in range(3):
+        state = buf.add(state, {"x": np.array([i], np.int32), "v": np.zeros((1, 2), np.float32),
+                                "done": np.array([False])}, np.array([0], np.int32))
+    assert int(state.written[0]) == 3 and int(buf.size(state)) == 1
+    assert int(buf.peek(state, np.array([0], np.int32))["x"][0]) == 2
+    for e, t in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match="num_envs >= 1 and capacity_per_env >= 1"):
+            make_row_buffer(e, t)
