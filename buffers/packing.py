@@ -113,6 +113,30 @@ class Packing:
         mode = "promise_in_bounds" if in_bounds else "clip"
         return self.unpack(tuple(x.at[indices].get(mode=mode) for x in storage))
 
+    def take_leaves(self, storage: tuple, indices: jax.Array) -> PyTree:
+        """Like `take` (indices clamped to `[0, N)`), but one gather per leaf reading only its words of each row.
+
+        For windows of consecutive rows (sequences): a window's rows share a few cache lines, which every
+        leaf's gather then reads warm, and each leaf is gathered straight into its own dtype, with no
+        `[*I, W]` copy to unpack (L80 sequences: 2x less work than `take`); a leaf nobody reads is never
+        gathered. For scattered rows `take` is 2x faster (one cache miss per row instead of one per leaf).
+        """
+        dn = jax.lax.GatherDimensionNumbers(offset_dims=(indices.ndim,), collapsed_slice_dims=(0,),
+                                            start_index_map=(0, 1))
+        leaves = []
+        for i, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes)):
+            if not self.packed[i]:
+                leaves.append(self.unpack_leaf(storage, i).at[indices].get(mode="clip"))
+                continue
+            o, w = self.offsets[i], self.widths[i]
+            if w == 0:
+                leaves.append(jnp.zeros(indices.shape + shape, dtype))
+                continue
+            starts = jnp.stack([indices, jnp.full_like(indices, o)], axis=-1)  # (row, first word of the leaf)
+            words = jax.lax.gather(storage[0], starts, dn, (1, w), mode=jax.lax.GatherScatterMode.CLIP)
+            leaves.append(_decode(words, shape, dtype))
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
     def unpack_leaf(self, storage: tuple, i: int) -> jax.Array:
         """Leaf i (tree-flattening order) of a storage-shaped tuple -> `[*lead, *S_i]`."""
         if not self.packed[i]:

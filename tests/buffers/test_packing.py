@@ -94,6 +94,33 @@ def test_a_flat_buffer_of_frames_and_small_leaves_samples_what_numpy_indexing_gi
         assert_bits_equal(state.data[k], v)
 
 
+def test_leafwise_take_reads_what_whole_row_take_reads():
+    """`take_leaves` (one gather per leaf, for windows) returns every bit `take` does, for every dtype, a
+    large leaf kept apart, an empty leaf, and indices past the end (clamped, like `take`)."""
+    lead = items((1,))
+    proto = {**jax.tree.map(lambda x: x[0], lead), "frame": np.zeros((5, 20), np.uint8)}
+    p = packing_of(proto)
+    x = {**items((30,)), "frame": random_leaf((30, 5, 20), np.uint8)}
+    storage = p.pack(x)
+    idx = jnp.asarray(RNG.integers(0, 33, (4, 7)), jnp.int32)
+    got, want = jax.jit(p.take_leaves)(storage, idx), jax.jit(p.take)(storage, idx)
+    clamped = np.clip(np.asarray(idx), 0, 29)
+    for k in x:
+        assert_bits_equal(got[k], want[k])
+        assert_bits_equal(got[k], x[k][clamped])
+
+
+def test_a_window_leaf_nobody_reads_is_never_gathered():
+    """n-step rewards read one leaf of their windows: the compiled program gathers that leaf's word alone."""
+    from buffers import rows
+
+    state = rows.init_rows({"obs": np.zeros(4, np.float32), "reward": np.float32(0), "done": False}, 3, 10)
+    fn = jax.jit(lambda r, e, t: rows.gather(r, e, t, length=5)["reward"])
+    text = fn.lower(state, jnp.zeros(8, jnp.int32), jnp.zeros(8, jnp.int32)).compile().as_text()
+    sizes = re.findall(r"slice_sizes=\{([\d,]+)\}", text)
+    assert sizes == ["1,1"], sizes
+
+
 def test_a_sample_of_small_items_is_one_gather():
     """The point of packing: a CartPole transition's five leaves are read with one gather, not five."""
     buf = make_flat_buffer(1000)
