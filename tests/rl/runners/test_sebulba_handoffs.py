@@ -453,6 +453,12 @@ for name, over in {"default": [], "a1": ["env.actor_devices=1"], "a1l1": ["env.a
         state, steps, totals = session.advance(state, 0, 8)
     out[name]["trained"] = [steps, int(state.agent["version"]), sorted(d.id for d in state.agent["version"].devices()),
                             sorted({d.id for x in jax.tree_util.tree_leaves(totals) for d in x.devices()})]
+# One process: 3 envs per recv need not divide over the 2 learner devices (only several processes need it).
+runner = Sebulba(validate(sebulba_cfg(6, 3, 2, "env.learner_devices=2")), VersionAgent(6), scripted_source(6, 3))
+state = runner.init()
+with runner.session(state, 0) as session:
+    state, steps, _ = session.advance(state, 0, 12)
+out["l2, 3 per recv"] = [steps, int(state.agent["version"])]
 print(json.dumps(out))
 """
 
@@ -461,10 +467,11 @@ def test_device_keys_place_actors_and_learner():
     """On 3 forced CPU devices: `env.actor_devices=N` acts on the first N devices and the learner takes the
     rest, or `env.learner_devices=M` of them; with only `learner_devices` the actors stay on device 0; the
     learner state lives on the learner devices and parameters are published to every actor device; a short
-    session trains with each split."""
+    session trains with each split, also with envs per recv that do not divide over the learner devices (one
+    process)."""
     out = run_probe(DEVICE_PROBE, devices=3)
     # ... and training runs there: 2 chunks of 2 recvs x 2 envs, one update each, state and sums on the learner.
     placed = lambda a, l: {"actors": a, "learner": l, "state": l, "published": [[d, d] for d in a],
                            "trained": [8, 2, l, l]}
     assert out == {"default": placed([0], [0]), "a1": placed([0], [1, 2]), "a1l1": placed([0], [1]),
-                   "l2": placed([0], [0, 1]), "a2": placed([0, 1], [2])}
+                   "l2": placed([0], [0, 1]), "a2": placed([0, 1], [2]), "l2, 3 per recv": [12, 2]}
