@@ -195,14 +195,16 @@ def _encode(x: jax.Array, lead: tuple[int, ...], width: int) -> jax.Array:
 def _decode(words: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     """Words `[*lead, w]` of one leaf -> `[*lead, *shape]` of `dtype`."""
     lead = words.shape[:-1]
-    size = jnp.dtype(dtype).itemsize
-    if math.prod(shape) == 0:
+    size, n = jnp.dtype(dtype).itemsize, math.prod(shape)
+    if n == 0:
         return jnp.zeros(lead + shape, dtype)
     if size >= 4:
         per = size // 4
         w = words.reshape(lead + (-1, per)) if per > 1 else words
         return jax.lax.bitcast_convert_type(w, dtype).reshape(lead + shape)
-    b = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(lead + (-1,))[..., : math.prod(shape) * size]
+    if dtype == jnp.bool_ and n <= 4:  # byte k is bits 8k..8k+7 of word 0: shifts fuse with a gather, a bitcast not
+        return ((words[..., :1] >> (8 * jnp.arange(n, dtype=WORD))) & 0xFF != 0).reshape(lead + shape)
+    b = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(lead + (-1,))[..., : n * size]
     if dtype == jnp.bool_:
         return (b != 0).reshape(lead + shape)
     if size == 1:

@@ -25,10 +25,11 @@ def random_leaf(shape, dtype):
 
 ITEM = {  # one leaf of every supported width, odd byte counts, a scalar, an empty leaf
     "f32": (3,), "i32": (), "u32": (2,), "bool": (), "u8": (5,), "i8": (), "f16": (2, 3), "bf16": (1,),
-    "u16": (3,), "empty": (0,),
+    "u16": (3,), "empty": (0,), "bool3": (3,), "bool6": (2, 3),
 }
 DTYPES = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "bool": np.bool_, "u8": np.uint8, "i8": np.int8,
-          "f16": np.float16, "bf16": ml_dtypes.bfloat16, "u16": np.uint16, "empty": np.float32}
+          "f16": np.float16, "bf16": ml_dtypes.bfloat16, "u16": np.uint16, "empty": np.float32,
+          "bool3": np.bool_, "bool6": np.bool_}
 
 
 def items(lead):
@@ -46,8 +47,9 @@ def test_pack_then_unpack_returns_every_bit_of_every_dtype():
     x = items((4, 3))  # random bit patterns: NaNs with payloads, signed zeros, subnormals
     storage = jax.jit(p.pack)(x)
     (words,) = storage  # every leaf is small: one packed array
-    # words per leaf: f32 3, i32 1, u32 2, bool 1 (1 byte padded), u8 2 (5 bytes), i8 1, f16 3, bf16 1, u16 2
-    assert words.shape == (4, 3, 16) and words.dtype == jnp.uint32
+    # words per leaf: f32 3, i32 1, u32 2, bool 1 (1 byte padded), u8 2 (5 bytes), i8 1, f16 3, bf16 1, u16 2,
+    # bool3 1 (3 bytes in one word), bool6 2
+    assert words.shape == (4, 3, 19) and words.dtype == jnp.uint32
     out = jax.jit(p.unpack)(storage)
     for k in ITEM:
         assert_bits_equal(out[k], x[k])
