@@ -273,6 +273,17 @@ def test_leading_shardings_split_the_buffer_rows_and_replicate_the_rest():
     assert all(v.spec == P() for v in sharding.leading_shardings(mesh, tree, shard_data=False).values())
 
 
+def test_leading_shardings_divide_axis_0_by_the_data_axis_size():
+    """Over a data axis of 2 (an abstract mesh: this process has one device) rows split where their first axis
+    divides by 2, whatever the other axes; `[3, 4]` stays replicated."""
+    from jax.sharding import AbstractMesh
+
+    mesh = AbstractMesh((1, 2), (sharding.SEED_AXIS, sharding.DATA_AXIS))
+    tree = {"even": jnp.zeros((4, 3)), "odd": jnp.zeros((3, 4)), "counter": jnp.zeros(6, jnp.int32)}
+    specs = {k: v.spec for k, v in sharding.leading_shardings(mesh, tree, shard_data=True).items()}
+    assert specs == {"even": P(sharding.DATA_AXIS), "odd": P(), "counter": P(sharding.DATA_AXIS)}
+
+
 def test_mesh_over_takes_exactly_the_devices_given_in_order():
     """The Sebulba learner's mesh: `(seed=1, data=n)` over the given devices, in their order."""
     devices = jax.devices()[::-1][:2]
