@@ -418,6 +418,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/learning/pbt.py", "first = jnp.arange(returns.shape[0]) * seeds  # a member's values: those of its first row",
      "minus_one"):
         ONE_AXIS_RETURNS,
+    ("rl/infra/logging.py", "if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):",
+     "le_to_lt"):
+        "with the same columns the CSV is rewritten instead of appended to: the rewrite writes every row of the "
+        "history (loaded from the CSV on resume), so the file is the same; only the cost differs",
     ("rl/infra/logging.py", "data[k] = float(v[0])", "minus_one"):
         "the branch for a run of one row: v has length 1, v[-1] is v[0]",
     ("rl/learning/pbt.py", ("value = jnp.where(source != jnp.arange(returns.shape[0]), jnp.clip(value, lo, hi), "

@@ -194,6 +194,24 @@ def test_repeated_and_out_of_range_env_ids():
     check_transitions(sample(state, jax.random.key(0), 64), ref)
 
 
+def test_peek_returns_each_envs_latest_step():
+    """`peek(state, env_ids)`: the newest stored step of each listed env (in the order asked), as written."""
+    buf, add, _, _, _ = fns(False)
+    rng = np.random.default_rng(5)
+    state, ref = buf.init(PROTO), RowsRef(E, T)
+    for _ in range(T + 2):  # past a wrap
+        ids = rng.permutation(E).astype(np.int32)[: E - 1]
+        steps = make_steps(ref, ids, rng)
+        state = add(state, steps, ids, np.ones(len(ids), bool))
+        ref.add(steps, ids)
+    asked = np.array([E - 1, 0, 1], np.int32)
+    peeked = jax.tree_util.tree_map(np.asarray, buf.peek(state, asked))
+    for i, e in enumerate(asked):
+        latest = ref.hist[int(e)][-1]
+        for k in latest:
+            np.testing.assert_array_equal(peeked[k][i], latest[k])
+
+
 def test_bad_priorities_count_as_zero():
     """NaN, +-inf and negative priorities (e.g. from a diverged TD error) leave those starts at weight 0 and
     the buffer sampleable (they used to turn the tree total NaN)."""
