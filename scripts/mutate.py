@@ -418,6 +418,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/learning/pbt.py", "first = jnp.arange(returns.shape[0]) * seeds  # a member's values: those of its first row",
      "minus_one"):
         ONE_AXIS_RETURNS,
+    ("rl/infra/distributed.py", "if time.monotonic() > deadline:", "gt_to_ge"):
+        "a monotonic clock read equal to the deadline to the nanosecond: giving up then or one poll later is the "
+        "same timeout",
     ("rl/infra/logging.py", "if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):",
      "le_to_lt"):
         "with the same columns the CSV is rewritten instead of appended to: the rewrite writes every row of the "
