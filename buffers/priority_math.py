@@ -49,4 +49,4 @@ def sequence_priority(abs_td: jax.Array, mask: jax.Array | None = None, eta: flo
     count = jnp.sum(mask, axis=-1)
     mx = jnp.max(jnp.where(mask, abs_td, 0.0), axis=-1)
     mean = jnp.sum(jnp.where(mask, abs_td, 0.0), axis=-1) / jnp.maximum(count, 1)
-    return jnp.where(count > 0, eta * mx + (1.0 - eta) * mean, 0.0)
+    return eta * mx + (1.0 - eta) * mean  # no valid step: max and mean are both 0
