@@ -418,6 +418,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/learning/pbt.py", "first = jnp.arange(returns.shape[0]) * seeds  # a member's values: those of its first row",
      "minus_one"):
         ONE_AXIS_RETURNS,
+    ("rl/runners/loop.py", "key = jax.random.fold_in(jax.random.PRNGKey(int(cfg.seed) + 2 * 10**6), env_steps)",
+     "plus_one"):
+        "the interval evaluations' key offset is arbitrary: 2 * 11**6 keeps them distinct from the final "
+        "evaluation's (seed + 10**6) and from training's, the only property they need",
     ("rl/infra/distributed.py", "if time.monotonic() > deadline:", "gt_to_ge"):
         "a monotonic clock read equal to the deadline to the nanosecond: giving up then or one poll later is the "
         "same timeout",
