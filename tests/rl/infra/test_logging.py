@@ -211,3 +211,20 @@ def test_a_member_with_one_seed_logs_its_values_under_their_own_names(tmp_path, 
         assert step == 500 and {k: v for k, v in data.items() if k != "sps"} == {
             "episode_return": value, "episode_return/mean": value}
     logger.close()
+
+
+def test_metrics_csv_grows_its_columns_for_a_new_metric_and_leaves_missing_ones_empty(tmp_path):
+    """A log with a metric not seen before rewrites metrics.csv with the union of the columns (earlier rows get
+    it empty); a later log with fewer metrics is appended, its missing columns empty."""
+    import csv
+
+    logger = RunLogger(_cfg(1000, progress=False), tmp_path)
+    logger.start(start_step=0, num_seeds=1)
+    logger.log(100, {"loss": 1.0})
+    logger.log(200, {"loss": 2.0, "episode_return": 5.0})
+    logger.log(300, {"loss": 3.0})
+    logger.close()
+    with (tmp_path / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["env_steps"], r["loss"], r["episode_return"]) for r in rows] == [
+        ("100", "1.0", ""), ("200", "2.0", "5.0"), ("300", "3.0", "")]
