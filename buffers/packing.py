@@ -96,7 +96,7 @@ class Packing:
         elif not cols:
             words = (jnp.zeros(lead + (0,), WORD),)
         else:
-            words = (cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1),)
+            words = (jnp.concatenate(cols, axis=-1),)
         return words + tuple(jnp.asarray(x, d) for x, d, p in zip(leaves, self.dtypes, self.packed) if not p)
 
     def unpack(self, storage: tuple) -> PyTree:
@@ -199,9 +199,8 @@ def _decode(words: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
     if n == 0:
         return jnp.zeros(lead + shape, dtype)
     if size >= 4:
-        per = size // 4
-        w = words.reshape(lead + (-1, per)) if per > 1 else words
-        return jax.lax.bitcast_convert_type(w, dtype).reshape(lead + shape)
+        words_per_value = words.reshape(lead + (-1, size // 4))  # [.., n, 1] bitcasts to [.., n, 1], [.., n, 2] to [.., n]
+        return jax.lax.bitcast_convert_type(words_per_value, dtype).reshape(lead + shape)
     if dtype == jnp.bool_ and n <= 4:  # byte k is bits 8k..8k+7 of word 0: shifts fuse with a gather, a bitcast not
         return ((words[..., :1] >> (8 * jnp.arange(n, dtype=WORD))) & 0xFF != 0).reshape(lead + shape)
     b = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(lead + (-1,))[..., : n * size]

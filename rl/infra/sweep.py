@@ -140,7 +140,7 @@ def summarize_members(run_dir: str | Path, overrides: list[dict[str, Any]], file
     run_dir = Path(run_dir)
     metrics, summary = read_metrics(run_dir), _summary(run_dir)
     evals = [np.asarray(r, np.float64) for r in summary.get("eval_returns") or []]
-    seeds = len(evals) // len(overrides) if evals else 0
+    seeds = len(evals) // len(overrides)  # 0 without eval returns
     rows = []
     for m, member in enumerate(overrides):
         curves = [cols for (mm, _), cols in metrics.items() if mm == m]

@@ -60,6 +60,20 @@ def test_pack_then_unpack_returns_every_bit_of_every_dtype():
     assert not u8_bytes[..., 5:].any()
 
 
+def test_8_byte_leaves_take_two_words_each_with_x64():
+    """float64 / int64 leaves (x64 on) are stored as two words per value and read back bit-exactly, whole-row
+    and leaf by leaf; a 4-byte leaf beside them keeps one word per value."""
+    with jax.enable_x64(True):
+        x = {"d": random_leaf((6, 3), np.float64), "i": random_leaf((6,), np.int64), "f": random_leaf((6, 2), np.float32)}
+        p = packing_of(jax.tree.map(lambda a: a[0], x))
+        assert p.widths == (6, 2, 2)
+        storage = p.pack(x)
+        idx = jnp.asarray([[5, 0], [2, 2]], jnp.int32)
+        for got, want in ((p.unpack(storage), x), (p.take_leaves(storage, idx), {k: v[np.asarray(idx)] for k, v in x.items()})):
+            for k in x:
+                assert_bits_equal(got[k], want[k])
+
+
 def test_a_leaf_over_a_cache_line_keeps_its_own_array():
     proto = {"frame": np.zeros((84, 84, 4), np.uint8), "edge": np.zeros(SEPARATE_WORDS, np.float32),
              "over": np.zeros(SEPARATE_WORDS + 1, np.float32), "r": np.float32(0)}
