@@ -187,8 +187,7 @@ class PrioritisedTreeWeights(TreeWeights):
 
     def on_grid(self, slots):
         """Slots in `[0, E*T)` that have a tree leaf (every slot, or the period-aligned ones when strided)."""
-        T = self.rules.capacity_per_env
-        return (slots >= 0) & (slots < self.rules.num_slots) & (slots % T % self.stride == 0)
+        return (slots >= 0) & (slots < self.rules.num_slots) & (slots % self.stride == 0)  # the stride divides T
 
     def priorities(self, w, slots) -> jax.Array:
         """Stored priority**alpha of `slots [B]` (0 for slots without a leaf)."""
