@@ -160,7 +160,7 @@ class Sebulba:
             split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, sharding.DATA_AXIS))
             return lambda c: jax.tree_util.tree_map(
                 lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), c)
-        if self.mesh is not None or self.actor_devices != self.learner_devices[:1] or len(self.actor_devices) > 1:
+        if self.mesh is not None or self.actor_devices != self.learner_devices[:1]:
             target = self._chunk_sharding()
             return lambda c: jax.device_put(c, target)
         return None
