@@ -105,9 +105,9 @@ class CountedWeights:
     def _episode_cap(self, rows_state: RowState, env, pos, rem):
         """Cap `rem [B]` just after the first done in each window (unless `cross_episodes`). Reads done_fn
         of the `[B, L]` windows, the same gather the sample makes anyway."""
-        if self.rules.cross_episodes:
-            return rem
         L = self.rules.sequence_length
+        if self.rules.cross_episodes or L == 1:  # one step: rem <= 1 already, whatever its done flag
+            return rem
         window = rows.gather(rows_state, env, pos, length=L)
         done = jnp.asarray(self.rules.done_fn(window)).astype(bool)
         if done.shape != rem.shape + (L,):

@@ -88,8 +88,12 @@ class NStepBuffer:
         T, n = self.sequences.capacity_per_env, self.n
         k = st.remaining
         last = (st.positions + jnp.maximum(k, 1) - 1) % T
-        first, final = rows.gather(state.rows, st.env_ids, st.positions), rows.gather(state.rows, st.env_ids, last)
-        rewards = _field(rows.gather(state.rows, st.env_ids, st.positions, length=n), "reward")
+        first = rows.gather(state.rows, st.env_ids, st.positions)
+        if n == 1:  # last == positions: one gather serves all three reads
+            final, rewards = first, _field(first, "reward")[:, None]
+        else:
+            final = rows.gather(state.rows, st.env_ids, last)
+            rewards = _field(rows.gather(state.rows, st.env_ids, st.positions, length=n), "reward")
         valid = jnp.arange(n)[None, :] < k[:, None]
         g = jnp.asarray(gamma, jnp.float32) ** jnp.arange(n, dtype=jnp.float32)
         reward = jnp.sum(jnp.where(valid, rewards.astype(jnp.float32) * g, 0.0), axis=1)

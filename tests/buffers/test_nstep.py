@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -49,13 +50,13 @@ def nstep_loop(hist, a, n, gamma):
 
 
 @functools.cache
-def fns(prioritised: bool):
-    buf = make_nstep_buffer(E, T, N, GAMMA, priority_exponent=0.7 if prioritised else None)
+def fns(prioritised: bool, n: int = N):
+    buf = make_nstep_buffer(E, T, n, GAMMA, priority_exponent=0.7 if prioritised else None)
     return (buf, jax.jit(buf.add), jax.jit(buf.sample, static_argnums=2), jax.jit(buf.set_priorities),
             jax.jit(buf.can_sample))
 
 
-def check_transitions(s, ref: RowsRef, probs: np.ndarray | None = None):
+def check_transitions(s, ref: RowsRef, probs: np.ndarray | None = None, n: int = N):
     s = jax.tree_util.tree_map(np.asarray, s)
     for b in range(len(s.slots)):
         e, a = int(s.env_ids[b]), ref.abs_of_slot(int(s.slots[b]))
@@ -63,7 +64,7 @@ def check_transitions(s, ref: RowsRef, probs: np.ndarray | None = None):
         assert s.obs[b, 0] == e * STRIDE + a  # the first step of the window, from this env
         np.testing.assert_array_equal(s.obs[b], ref.hist[e][a]["obs"])
         assert s.action[b] == ref.hist[e][a]["action"]
-        ret, disc, next_obs = nstep_loop(ref.hist[e], a, N, GAMMA)
+        ret, disc, next_obs = nstep_loop(ref.hist[e], a, n, GAMMA)
         np.testing.assert_allclose(float(s.reward[b]), ret, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(float(s.discount[b]), disc, rtol=1e-6)
         np.testing.assert_array_equal(s.next_obs[b], next_obs)
@@ -71,15 +72,16 @@ def check_transitions(s, ref: RowsRef, probs: np.ndarray | None = None):
             np.testing.assert_allclose(float(s.probabilities[b]), probs[int(s.slots[b])], rtol=1e-4)
 
 
-@given(prioritised=st.booleans(),
+@given(prioritised=st.booleans(), n=st.sampled_from([1, N]),
        ops=st.lists(st.tuples(st.permutations(range(E)), st.lists(st.booleans(), min_size=E, max_size=E),
                               st.booleans()), min_size=1, max_size=40),
        seed=st.integers(0, 2**31 - 1))
-@settings(max_examples=30, deadline=None)
-def test_nstep_matches_numpy_loop(prioritised, ops, seed):
-    """Random async writes with terminations and truncations, wrap-around, optional priorities: every sampled
-    transition's reward, discount and next_obs equal a NumPy loop over the stored history."""
-    buf, add, sample, set_prio, can_sample = fns(prioritised)
+@settings(max_examples=40, deadline=None)
+def test_nstep_matches_numpy_loop(prioritised, n, ops, seed):
+    """Random async writes with terminations and truncations, wrap-around, optional priorities, n of 1 (one
+    gather serves every read) or 3: every sampled transition's reward, discount and next_obs equal a NumPy loop
+    over the stored history."""
+    buf, add, sample, set_prio, can_sample = fns(prioritised, n)
     rng = np.random.default_rng(seed)
     state, ref = buf.init(PROTO), RowsRef(E, T)
     prio = np.zeros(E * T)  # raw priority per slot (reference), new slots at the max so far
@@ -99,7 +101,7 @@ def test_nstep_matches_numpy_loop(prioritised, ops, seed):
                     present[e * T + a % T] = 1.0
             w = present * (prio ** 0.7 if prioritised else 1.0)
             s = sample(state, jax.random.key(int(rng.integers(1 << 30))), 16)
-            check_transitions(s, ref, w / w.sum())
+            check_transitions(s, ref, w / w.sum(), n)
             if prioritised:
                 new = rng.uniform(0.1, 3.0, size=16).astype(np.float32)
                 uniq, first = np.unique(np.asarray(s.slots), return_index=True)
@@ -233,3 +235,12 @@ def test_bad_priorities_count_as_zero():
     w[[e * T + a for e in range(E) for a in range(4)]] = 1.0
     w[bad] = 0.0
     check_transitions(s, ref, w / w.sum())
+
+
+def test_a_one_step_sample_gathers_the_storage_once():
+    """n = 1: the transition, its reward and its next_obs come from one gather of whole packed rows, and the
+    one-step window needs no done check (its remaining length is at most 1 whatever the flag)."""
+    buf = make_nstep_buffer(E, T, 1, GAMMA)
+    text = jax.jit(buf.sample, static_argnums=2).lower(buf.init(PROTO), jax.random.key(0), 16).compile().as_text()
+    storage_gathers = re.findall(r"= u32\[[\d,]+\]\{[\d,]*\} gather\(", text)  # the packed rows are u32 words
+    assert len(storage_gathers) == 1, storage_gathers
