@@ -73,10 +73,11 @@ def test_conv2d_under_jit_vmap_and_scan():
 
 
 @pytest.mark.parametrize("window, strides, padding", [((3, 3), (2, 2), "SAME"), ((2, 2), (2, 2), "VALID"),
-                                                      ((3, 3), (1, 1), "SAME"), ((12, 12), (3, 3), "SAME")])
+                                                      ((3, 3), (1, 1), "SAME"), ((12, 12), (3, 3), "SAME"),
+                                                      ((2, 3), (2, 1), "SAME")])
 def test_max_pool_matches_native_with_ties(window, strides, padding):
     # Rounded values: many windows have tied maxima, which must get the gradient as XLA gives it (first one).
-    # A 12 x 12 window has 144 taps: more than an int8 tap index can count.
+    # A 12 x 12 window has 144 taps: more than an int8 tap index can count. A 2 x 3 window has 6 taps, not 4 or 9.
     x = jnp.round(jax.random.normal(jax.random.PRNGKey(0), (2, 3, 9, 10, 4)) * 1.5)
 
     def ref(x):
