@@ -323,6 +323,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "where_to_true_branch"):
         "after_write keeps a refreshed start only where s_abs >= 0 (its leaf, remaining and weight are all masked by "
         "`keep`), so the remaining of a start before the row's first step is never stored",
+    ("rl/nets/conv.py", ("first = jnp.full(y.shape, len(taps), jnp.int8 if len(taps) <= jnp.iinfo(jnp.int8).max "
+                         "else jnp.int32)"), "le_to_lt"):
+        "the tap index and its sentinel len(taps) fit int8 up to 127 taps; int32 (the other branch) holds any count",
     ("rl/nets/conv.py", "if (sh > 1 or sw > 1) and kh % sh == 0 and kw % sw == 0:", "plus_one"):
         "picks between two exact forms of the same conv (space-to-depth is only faster): the result is the same",
     ("rl/envs/video.py", "if r.episode_over[0]:", "minus_one"):
@@ -384,8 +387,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("agents/r2d2.py", "for k in range(min(n, steps - 1)):", "sub_to_add"):
         "the loop's extra iterations (only when n >= steps) slice stop_p/term_p past step T-2: only the zero "
         "padding, which changes neither `ok` nor `alive`",
-    ("rl/runners/sebulba.py", ("return evaluate(self.agent, agent_state, self.env_cfg, episodes, "
-                               "int(self.cfg.seed) + 10**6, key,"), "plus_one"):
+    ("rl/runners/sebulba.py", ("pool = make_source(self.env_cfg, episodes, seed=self.cfg.seed + 10**6, "
+                               "envs_per_recv=episodes)  # sync"), "plus_one"):
         "any large offset keeps the evaluation's env seeds apart from the training envs' (seed + i)",
     ("agents/r2d2.py", "q_target = jax.lax.stop_gradient(q_target)", "stop_gradient_dropped"):
         "q_target depends on target_params only and the loss is differentiated w.r.t. the online params alone",

@@ -60,15 +60,13 @@ def retrace_targets(q: jax.Array, v: jax.Array, reward: jax.Array, terminated: j
     valid_next = jnp.append(valid[1:], False)
     mask = valid & ~truncated & (terminated | valid_next)
     # The trace stops at steps without a target (invalid, truncated, or without a valid successor): the
-    # step before such a step bootstraps from its v.
+    # step before such a step bootstraps from its v, and nothing computed at or after it flows back (c = 0).
     c = jnp.where(mask, c, 0.0)
     gamma = discount * (1.0 - terminated.astype(jnp.float32))
     # Successor quantities at t+1, with zeros past the end of the sequence (masked or multiplied by 0).
     v_next = jnp.append(v[1:], 0.0)
     q_next = jnp.append(q[1:], 0.0)
     c_next = jnp.append(c[1:], 0.0)
-    # Where there is no valid successor, cut the recursion: the target is r_t (+0 when terminated).
-    gamma = jnp.where(valid_next | terminated, gamma, 0.0)
     g = rlax.general_off_policy_returns_from_q_and_v(
         q_t=q_next[:-1], v_t=v_next, r_t=reward, discount_t=gamma, c_t=c_next[:-1])
     v_target = v + c * (g - q)

@@ -168,7 +168,7 @@ def _fast_pool(x, window, strides, pads):
 def _fast_pool_fwd(x, window, strides, pads):
     y, taps = _sliced_pool(x, window, strides, pads)
     # Which tap is each window's first maximum (row-major, as XLA's select-and-scatter for max-pool picks).
-    first = jnp.full(y.shape, len(taps), jnp.int8 if len(taps) < 127 else jnp.int32)
+    first = jnp.full(y.shape, len(taps), jnp.int8 if len(taps) <= jnp.iinfo(jnp.int8).max else jnp.int32)
     for k in reversed(range(len(taps))):
         first = jnp.where(taps[k] == y, jnp.asarray(k, first.dtype), first)
     return y, (x, first)

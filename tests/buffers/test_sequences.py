@@ -262,6 +262,16 @@ def test_empty_and_ineligible_buffers():
     assert bool(buf.can_sample(state))
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"start": "episode"}, {"priority_exponent": 0.6}],
+                         ids=["counted", "tree", "prioritised"])
+def test_an_empty_sample_is_the_documented_one_from_every_weight_strategy(kwargs):
+    """Nothing stored: every start is slot 0 of env 0, with no valid step and probability 0."""
+    buf = make_sequence_buffer(3, 5, 2, **kwargs)
+    s = jax.jit(buf.sample, static_argnums=2)(buf.init(PROTO), jax.random.key(1), 4)
+    for name in ("slots", "env_ids", "probabilities", "mask"):
+        assert not np.asarray(getattr(s, name)).any(), (name, getattr(s, name))
+
+
 def test_set_priorities_with_duplicates_stays_consistent():
     buf = jitted(make_sequence_buffer(2, 6, 2, priority_exponent=0.5))
     state = buf.init(PROTO)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from rl.config import ConfigError, compose
@@ -28,6 +29,19 @@ def test_estimate_counts_the_buffer_from_shapes_with_uint8_frames():
     no_ckpt = memory.estimate(build(cfg), compose(["agent=dqn", "env=envpool/pong", "checkpoint.enabled=false",
                                                    "agent.buffer_size=100000"]))
     assert no_ckpt.save_copy == 0 and no_ckpt.total == est.total - est.save_copy
+
+
+def test_estimate_parts_are_the_bytes_of_the_states_agent_buffer_and_rest():
+    """Each part summed from the real initial state's leaves, by the runner state's fields."""
+    cfg = compose(["agent=dqn", "env=cartpole", "logger=none", "agent.buffer_size=1000", "seeds=2"])
+    runner = build(cfg)
+    state, it = runner.init()
+    est = memory.estimate(runner, cfg)
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
+    assert est.buffer == nbytes(state.buffer) > 2 * 1000 * 4 * 4  # at least obs and next_obs (4 floats) of 1000 steps
+    assert est.agent == nbytes(state.agent) > 0
+    assert est.other == nbytes((state, it)) - est.buffer - est.agent > 0
+    assert est.save_copy == max(x.nbytes for x in jax.tree_util.tree_leaves((state, it)))
 
 
 def test_a_run_that_does_not_fit_is_refused_before_allocating(tmp_path, monkeypatch):
