@@ -98,7 +98,7 @@ def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict
     def typed(member: dict):  # the member's agent config; interpolations still live: agent.lr feeds optim.lr
         run_cfg = cfg.copy()
         for key, value in member.items():
-            OmegaConf.update(run_cfg, f"agent.{key}", value, merge=False, force_add=True)
+            OmegaConf.update(run_cfg, f"agent.{key}", value, merge=False)  # every key is in the struct (checked)
         return agent_config(run_cfg.agent)
 
     try:
