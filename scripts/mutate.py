@@ -413,6 +413,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "every tap has the same shape: taps[1].shape is taps[0].shape",
     ("rl/envs/video.py", "score += float(r.score[0])", "minus_one"):
         ONE_ENV_RECV,
+    ("rl/envs/video.py", "frames.append(draw(r.obs[0]))", "minus_one"):
+        ONE_ENV_RECV,
     ("agents/r2d2.py", "return TargetNetState(params, target, self.optimizer.init(params), jnp.zeros((), jnp.int32))",
      "args_swapped"):
         "at init the target network is a copy of the online one: the two are equal, so swapping them changes nothing",

@@ -76,7 +76,7 @@ class SebulbaState:
     """What a Sebulba run carries and checkpoints (one seed; on the learner devices). Fields in name order:
     the leaf order of the dict this was before, so older checkpoints restore."""
 
-    actor_key: jax.Array  # the actor threads' key (folded with the env step and process at each start)
+    actor_key: jax.Array  # the actor threads' key (folded with the env step, process and thread at each start)
     agent: Any  # the agent's state (rl/learning/agent.py)
     buffer: Any  # the replay buffer's state, one row per env of every process
     key: jax.Array  # the learner's key
@@ -160,7 +160,7 @@ class Sebulba:
             split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(None, sharding.DATA_AXIS))
             return lambda c: jax.tree_util.tree_map(
                 lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), c)
-        if self.mesh is not None or self.actor_devices != self.learner_devices[:1]:
+        if self.mesh is not None or self.actor_devices != self.learner_devices:  # no mesh: one learner device
             target = self._chunk_sharding()
             return lambda c: jax.device_put(c, target)
         return None
@@ -231,16 +231,15 @@ class Sebulba:
         self.used = True
         published = self.publish(state.agent)
         mailboxes = {d: Mailbox(v) for d, v in published.items()}
-        threads = len(self.rollouts)
         to_learner = self._to_learner()
-        # A fresh actor stream per (re)start (the envs restart anyway) and per process.
+        # A fresh actor stream per (re)start (the envs restart anyway), per process and per actor thread.
         key = jax.random.fold_in(jax.random.fold_in(self._local(state.actor_key), env_steps), self.process)
         actors = []
         for i, rollout in enumerate(self.rollouts):
             device = self.actor_devices[i % len(self.actor_devices)]
             tracker = new_tracker(self.agent, published[device], rollout.source)
-            actors.append(ActorThread(rollout, tracker, mailboxes[device], key if threads == 1 else
-                                      jax.random.fold_in(key, i), self.env_cfg.queue_size,
+            actors.append(ActorThread(rollout, tracker, mailboxes[device], jax.random.fold_in(key, i),
+                                      self.env_cfg.queue_size,
                                       device=device, to_learner=to_learner, name=f"sebulba-actor-{i}"))
         group = Actors(actors)
         group.start()
