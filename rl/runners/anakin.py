@@ -121,7 +121,10 @@ class Anakin:
         s = jax.lax.map(lambda s: self._init_one(jax.random.PRNGKey(s)), seeds)
         if self.pbt is not None:
             s = s.replace(pbt=jax.vmap(pbt_lib.PBTState.zeros)(jnp.arange(self.num_seeds) // self.cfg.seeds))
-        return s.replace(agent=self.agent.assign(s.agent)) if isinstance(self.agent, Population) else s
+        s = s.replace(agent=self.agent.assign(s.agent)) if isinstance(self.agent, Population) else s
+        # Typed as a restore returns it (no weak types, e.g. gymnax's step counter), so a resumed run's state
+        # gives the chunk the same program as the fresh one.
+        return jax.tree_util.tree_map(lambda x: x.astype(x.dtype), s)
 
     def init(self) -> tuple[RunnerState, jax.Array]:
         """Initial state of all rows (seed j uses PRNGKey(cfg.seed + j), in every member) and the iteration

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from rl.config import ConfigError, compose
-from rl.experiment import run
+from rl.experiment import build, run
 from rl.infra import checkpoint
 from tests.conftest import TINY_DQN, compiles_of
 
@@ -83,6 +84,22 @@ def test_a_resumed_run_compiles_its_program_once(tmp_path):
     with compiles_of("_chunk") as compiles:
         assert _resume(tmp_path / "run", "total_steps=1200")["env_steps"] == 1200
     assert len(compiles) == 1, compiles
+
+
+def test_a_resumed_run_runs_the_fresh_runs_program(tmp_path):
+    """The restored state lowers the loop to the very program the fresh state did (a weak-typed leaf of the
+    fresh state, e.g. gymnax's step counter, made it another program: compiled again, and a persistent
+    compilation cache missed on every resume)."""
+    run(compose([*BASE, "total_steps=400"]), tmp_path / "run")
+    runner = build(compose(BASE))
+    fresh = runner.init()
+    restored = runner.place(checkpoint.restore(tmp_path / "run", runner.restore_target())[0])
+
+    def program(state):
+        s, it = state
+        return runner.chunk.lower(s, it, runner.zero_totals(s), np.int32(1)).as_text()
+
+    assert program(fresh) == program(restored)
 
 
 def test_unfinished_run_dir_resumes_by_itself(tmp_path):
