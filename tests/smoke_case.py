@@ -1,11 +1,11 @@
 """One row of the smoke matrix (tests/test_smoke_matrix.py), run in a subprocess under a watchdog:
 
-    python -m tests.smoke_case <agent config> <run dir> <source:seeds> [<source:seeds> ...]
+    python -m tests.smoke_case <agent config> <run dir> <source:seeds[:train]> [...]
 
-for each case (e.g. gymnax:2, envpool:1) builds and initialises the run, trains until at least two train steps ran, resumes it from its checkpoint
-with `resume=<dir>` alone plus a higher total_steps (more train steps), and evaluates the saved run with
-`rl.evaluate_run` (as `python -m scripts.evaluate` does). Prints `CASE ... ok` lines; any failure exits
-non-zero with the traceback.
+for each case (e.g. gymnax:2, envpool:1) builds and initialises the run, trains until at least two train steps
+ran and checkpoints; then, unless the case ends in `:train`, resumes it from its checkpoint with `resume=<dir>`
+alone plus a higher total_steps (more train steps), and evaluates the saved run with `rl.evaluate_run` (as
+`python -m scripts.evaluate` does). Prints `CASE ... ok` lines; any failure exits non-zero with the traceback.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def updates(state) -> int:
     return int(np.min(np.asarray(agent.updates)))
 
 
-def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
+def main(agent: str, source: str, seeds: int, run_dir: str, train_only: bool = False) -> None:
     extra, log_interval, first, second = SETTINGS[agent]
     env = ["env=cartpole"] if source == "gymnax" else ["env=envpool/cartpole", *ENVPOOL]
     common = [f"agent={agent}", *env, "logger=none", f"seeds={seeds}", f"num_envs={NUM_ENVS}", "eval_episodes=0",
@@ -48,6 +48,9 @@ def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
     res = run(compose([*common, f"total_steps={first}", f"log_interval={log_interval}"]), run_dir)
     assert res["checkpoint"] is not None and updates(res["state"]) >= 2, (res["checkpoint"], updates(res["state"]))
     n = updates(res["state"])
+    if train_only:
+        print(f"CASE {name}: ok after {n} train steps ({time.perf_counter() - t0:.0f} s)", flush=True)
+        return
     print(f"CASE {name}: resume after {n} train steps ({time.perf_counter() - t0:.0f} s)", flush=True)
     overrides = [f"resume={run_dir}", f"total_steps={second}"]
     res2 = run(compose(overrides), run_dir + "-unused", overrides)
@@ -67,5 +70,5 @@ def main(agent: str, source: str, seeds: int, run_dir: str) -> None:
 
 if __name__ == "__main__":
     for case in sys.argv[3:]:
-        source, seeds = case.split(":")
-        main(sys.argv[1], source, int(seeds), f"{sys.argv[2]}/{source}-{seeds}")
+        source, seeds, *stage = case.split(":")
+        main(sys.argv[1], source, int(seeds), f"{sys.argv[2]}/{source}-{seeds}", train_only=stage == ["train"])

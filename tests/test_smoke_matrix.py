@@ -1,8 +1,10 @@
 """The smoke matrix: every agent x preset (paper-sized, small) x source (gymnax CartPole, envpool CartPole) x
-seeds (1 and 2 where the source vmaps seeds) builds, initialises, runs >= 2 train steps, checkpoints,
-resumes with `resume=<dir>` and evaluates (tests/smoke_case.py). The cases of one agent config run in one
-subprocess with a watchdog, so a hang fails with the case and stage named instead of stalling the suite;
-two such subprocesses run at a time (compilation is mostly single-threaded)."""
+seeds (1 and 2 where the source vmaps seeds) builds, initialises, runs >= 2 train steps and checkpoints
+(tests/smoke_case.py). The small presets also resume with `resume=<dir>` and evaluate, on every source and seed
+count; the paper presets (the same resume and evaluation code, other option values and sizes) train on 2 vmapped
+seeds and on envpool. The cases of one agent config run in one subprocess with a watchdog, so a hang fails with
+the case and stage named instead of stalling the suite; two such subprocesses run at a time (compilation is
+mostly single-threaded)."""
 
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Heaviest first, so the two workers finish together.
 AGENTS = ["muesli_small", "muesli_paper", "r2d2_paper", "r2d2_small", "dqn_small", "dqn_paper"]
-SOURCES = ("gymnax:1", "gymnax:2", "envpool:1")  # source:seeds (envpool runs one seed per process)
+# source:seeds[:train] (envpool runs one seed per process; `:train` stops after training and its checkpoint)
+CASES = {"small": ("gymnax:1", "gymnax:2", "envpool:1"), "paper": ("gymnax:2:train", "envpool:1:train")}
 WATCHDOG_S = 600
 
 
 def _run(agent: str, run_root: Path) -> tuple[int | None, str]:
     """(return code or None on a hang, output) of one agent config's cases."""
-    cmd = [sys.executable, "-m", "tests.smoke_case", agent, str(run_root), *SOURCES]
+    cmd = [sys.executable, "-m", "tests.smoke_case", agent, str(run_root), *CASES[agent.split("_")[-1]]]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     try:
         proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True,
