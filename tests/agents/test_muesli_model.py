@@ -44,37 +44,38 @@ def test_model_key_is_checked_and_defaults_to_mlp():
 
 
 def test_lstm_model_builds_and_unrolls_with_the_right_shapes():
-    agent = agent_with("lstm")
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(5))
+    agent = agent_with("lstm")  # every call jitted: one program each, not the LSTM's ops one by one
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(5))
     params = state.params["params"]
     assert "lstm" in params and "cell_init" in params and "dynamics_out" not in params
     obs = jax.random.normal(jax.random.PRNGKey(1), (B, L, 5))
     net = agent.network
-    root = net.apply(state.params, obs, method=MuesliNetwork.represent)
+    apply = jax.jit(net.apply, static_argnames="method")
+    root = apply(state.params, obs, method=MuesliNetwork.represent)
     assert root.shape == (B, L, 2 * S)  # [h, c]
     actions = jax.random.randint(jax.random.PRNGKey(2), (B, L, K), 0, A)
-    policy, value, reward = agent.unroll(state.params, root, actions)
+    policy, value, reward = jax.jit(agent.unroll)(state.params, root, actions)
     assert policy.shape == (B, L, K + 1, A) and value.shape == (B, L, K + 1, N) and reward.shape == (B, L, K, N)
     # The model is recurrent in the actions: different action sequences give different states after 2 steps.
-    s1, _ = net.apply(state.params, root[0, 0], jnp.int32(0), method=MuesliNetwork.step)
-    s2a, _ = net.apply(state.params, s1, jnp.int32(1), method=MuesliNetwork.step)
-    s2b, _ = net.apply(state.params, s1, jnp.int32(2), method=MuesliNetwork.step)
+    s1, _ = apply(state.params, root[0, 0], jnp.int32(0), method=MuesliNetwork.step)
+    s2a, _ = apply(state.params, s1, jnp.int32(1), method=MuesliNetwork.step)
+    s2b, _ = apply(state.params, s1, jnp.int32(2), method=MuesliNetwork.step)
     assert s2a.shape == (2 * S,) and not np.allclose(s2a, s2b)
     # The root policy reads h only: changing c leaves the root prediction unchanged.
-    p0, _ = net.apply(state.params, root, method=MuesliNetwork.predict)
-    p1, _ = net.apply(state.params, root.at[..., S:].add(5.0), method=MuesliNetwork.predict)
+    p0, _ = apply(state.params, root, method=MuesliNetwork.predict)
+    p1, _ = apply(state.params, root.at[..., S:].add(5.0), method=MuesliNetwork.predict)
     np.testing.assert_allclose(p0, p1, rtol=1e-6)
     # Acting and the one-step look-ahead for every action work on the wider state.
-    q = agent.lookahead(state.params, root)
+    q = jax.jit(agent.lookahead)(state.params, root)
     assert q.shape == (B, L, A)
-    action, _, extras = agent.act(state, obs[:, 0], (), jax.random.PRNGKey(3), jnp.arange(B))
+    action, _, extras = jax.jit(agent.act)(state, obs[:, 0], (), jax.random.PRNGKey(3), jnp.arange(B))
     assert action.shape == (B,) and extras["behaviour_logp"].shape == (B,)
 
 
 @pytest.mark.parametrize("model", ["mlp", "lstm"])
 def test_train_steps_reduce_the_loss_on_a_fixed_batch(model):
     agent = agent_with(model)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(5))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(5))
     batch, valid = fixed_batch(jax.random.PRNGKey(1))
     update = jax.jit(agent.update)
     _, first = update(state, batch, valid)
@@ -89,7 +90,7 @@ def test_train_steps_reduce_the_loss_on_a_fixed_batch(model):
 def test_lstm_train_step_through_the_buffer():
     """The agent's train_step (sample, consume, update) runs with the LSTM model."""
     agent = agent_with("lstm")
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(5))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(5))
     buffer_state = agent.buffer.init(agent.step_prototype(jnp.zeros(5)))
 
     def one(buffer_state, key):
