@@ -114,6 +114,7 @@ def test_the_event_matches_numpy(tmp_path):
     assert not np.any(after.pbt.count) and not np.any(after.pbt.score)
 
 
+@pytest.mark.optimized  # blocked and straight loops compared bit for bit
 def test_events_do_not_depend_on_calls_or_blocks():
     """The events (every 40 env steps) give the same state whether the chunk runs as one call or several, in
     blocks of known trip count, with the train step and the event selected (accelerators) or under cond."""
