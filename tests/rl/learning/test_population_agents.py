@@ -16,7 +16,8 @@ from buffers.packing import PackedStorage
 from rl.config import ConfigError, compose
 from rl.experiment import build, run
 
-COVERS = {"train.population": ["test_a_member_equals_its_separate_run", "test_refused_shape_keys"]}
+COVERS = {"train.population": ["test_a_member_equals_its_separate_run", "test_a_population_trains_its_members_apart",
+                               "test_refused_shape_keys"]}
 
 # Small sequence agents on CartPole (tests/rl/infra/test_sharding.py's): 20 iterations, 16 train steps.
 TINY = {
@@ -49,6 +50,31 @@ def _leaves(tree):
             for x in jax.tree_util.tree_leaves(unpacked)]
 
 
+def _population(agent: str, out):
+    """The population of `optim.lr=[1e-3,3e-3]` x every other population key at one value (EVERY_KEY)."""
+    keys = EVERY_KEY[agent]
+    assert {"optim.lr", *keys} == set(population_keys(agent))
+    return run(compose([*TINY[agent], *COMMON, "population.agent.optim.lr=[1e-3,3e-3]",
+                        *(f"population.agent.{k}=[{v}]" for k, v in keys.items())]), out)
+
+
+@pytest.mark.parametrize("agent", ["r2d2", "muesli"])
+def test_a_population_trains_its_members_apart(agent, tmp_path):
+    """The fast twin of the next test (its population run alone): every row holds its member's values of
+    every population key, the members' parameters part (the traced learning rate is not ignored) and every
+    member trains and evaluates."""
+    pop = _population(agent, tmp_path)
+    state = pop["state"][0]  # rows: member-major, 2 seeds each
+    np.testing.assert_array_equal(np.asarray(state.agent.hparams["optim.lr"]), np.float32([1e-3] * 2 + [3e-3] * 2))
+    for key, value in EVERY_KEY[agent].items():
+        np.testing.assert_array_equal(np.asarray(state.agent.hparams[key]), np.float32([value] * 4), err_msg=key)
+    assert np.all(np.asarray(state.agent.agent.updates) > 0)
+    params = jax.tree_util.tree_leaves(state.agent.agent.params)
+    assert not all(np.allclose(p[0], p[2]) for p in params)
+    assert all(np.isfinite(m["eval_returns"]).all() for m in pop["members"])
+
+
+@pytest.mark.slow  # two runs of each sequence agent; the fast twin above runs the population alone
 @pytest.mark.parametrize("agent", ["r2d2", "muesli"])
 def test_a_member_equals_its_separate_run(agent, tmp_path):
     """Member 1 of `optim.lr=[1e-3,3e-3]` x every other population key at one value == the run with those
@@ -56,10 +82,8 @@ def test_a_member_equals_its_separate_run(agent, tmp_path):
     from it, so the traced learning rate is not ignored. R2D2 bit for bit; Muesli to float rounding (XLA:CPU
     sums its batched matmuls in another order for 4 rows than for 2, with or without a population)."""
     keys = EVERY_KEY[agent]
-    assert {"optim.lr", *keys} == set(population_keys(agent))
     common = [*TINY[agent], *COMMON]
-    pop = run(compose([*common, "population.agent.optim.lr=[1e-3,3e-3]",
-                       *(f"population.agent.{k}=[{v}]" for k, v in keys.items())]), tmp_path / "population")
+    pop = _population(agent, tmp_path / "population")
     # `++`: muesli_small.yaml leaves most keys to the Config's defaults
     alone = run(compose([*common, "agent.optim.lr=3e-3", *(f"++agent.{k}={v}" for k, v in keys.items())]),
                 tmp_path / "alone")
