@@ -1,6 +1,6 @@
-"""R2D2 and Muesli populations (rl/learning/population.py): a member equals its separate run with every population
-key set, shape keys are refused with one line, and the README lists each agent's keys (DQN's:
-tests/rl/learning/test_population.py)."""
+"""R2D2 and Muesli populations (rl/learning/population.py): with every population key set, the members train
+apart holding their values, and (slow tier) a member equals its separate run; shape keys are refused with one
+line, and the README lists each agent's keys (DQN's: tests/rl/learning/test_population.py)."""
 
 from __future__ import annotations
 
