@@ -93,6 +93,11 @@ def _schema():
 
 
 ConfigStore.instance().store(name="base_config", node=_schema())
+# hydra 1.3 deep-copies its config repository on every compose, and with it the ConfigStore holding every agent's
+# options: half of a compose's ~0.5 s, at every run's start and every run of a sweep. hydra's main branch has its
+# copies read the live store instead (facebookresearch/hydra#2928); the same here: a copy of the store is the store.
+# Nothing is shared that a compose could change: `ConfigStore.load` hands out deep copies of the stored nodes.
+ConfigStore.__deepcopy__ = lambda self, memo: self
 
 
 def to_dataclass(cls: type, section: Any, where: str):

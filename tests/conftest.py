@@ -1,5 +1,6 @@
 """Shared test set-up: wandb never touches the network, absl/orbax stay quiet, compiled programs are
-cached on disk and built without LLVM's optimisations (below), and a tiny DQN config for fast runs."""
+cached on disk and built without LLVM's optimisations and with XLA:CPU's classic emitters (below), and a tiny
+DQN config for fast runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 # blocked and a straight loop) can differ there. Tests comparing such programs bit for bit are marked `optimized`;
 # they and the slow learning runs (run time, not compile time) get XLA's defaults (pytest_runtest_setup below).
 _UNOPTIMISED = os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# XLA:CPU's classic fusion emitters compile in ~70% of the time its newer MLIR ones take (8 compile-heavy test
+# files from an empty cache: 377 s -> 283 s); their programs run slower (the README's first run: 42 s -> 45 s
+# with optimisations, 54 s -> 67 s without), which the tests, compile-bound, do not feel. Process-wide (JAX reads
+# XLA_FLAGS once), so `optimized` and slow tests get them too; processes the tests start inherit them (env, or
+# `xla_flags` where a test sets its own device count).
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 logging.getLogger("absl").setLevel(logging.WARNING)
@@ -73,6 +82,11 @@ def tiny_cfg():
     return lambda *overrides: compose([*TINY_DQN, *overrides])
 
 
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS for a process the tests start with `devices` forced CPU devices (and the tests' compile flags)."""
+    return f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={devices}"
+
+
 def run_probe(code: str, devices: int) -> dict:
     """Run `code` in a fresh Python with `devices` forced CPU devices; its last stdout line, parsed as JSON."""
     import json
@@ -80,7 +94,7 @@ def run_probe(code: str, devices: int) -> dict:
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
                PYTHONPATH=str(root))
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120, check=False)

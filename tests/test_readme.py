@@ -1,6 +1,7 @@
 """The README's commands work as written: every `python -m scripts.train ...` of its fenced blocks and
 inline code composes and validates (multirun lines: every combination; placeholders such as `<date>` and cluster
-launchers are skipped), and the lines marked `(quick)` run for real."""
+launchers are skipped), and the lines marked `(quick)` run for real (slow tier: they are learning runs; the
+smoke matrix trains every agent on every source in the fast tier)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_train_command_composes_and_validates(command):
         validate(compose(overrides))
 
 
+@pytest.mark.slow  # a learning run (the first one says it reaches return 500): ~1 min on 2 cores
 @pytest.mark.parametrize("command", sorted({c for c, q in LINES if q}))
 def test_quick_command_runs(command, tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}

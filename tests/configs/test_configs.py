@@ -158,3 +158,25 @@ def test_unknown_group_choices_list_every_config_including_subfolders():
     assert unknown_choice(["agent=dqn,muesli"]) is None  # a multirun list: hydra checks each value
     assert unknown_choice(["agent=dqnn"]).startswith("agent=dqnn is not an agent option; choose one of ['dqn'")
     assert unknown_choice(["env=pong"]).startswith("env=pong is not a config of configs/env/")
+
+
+def test_composing_shares_the_config_store_and_leaves_it_as_stored():
+    """hydra copies its config repository on every compose; the copy reads the live ConfigStore (rl/config.py:
+    copying the store was half of a compose's time). A compose leaves the stored options as they were, and an
+    option stored after a compose is found by the next one."""
+    import copy
+
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    assert copy.deepcopy(store) is store
+    before = OmegaConf.to_yaml(store.load("agent/dqn.yaml").node)
+    cfg = compose(["agent=dqn", "env=cartpole", "agent.batch_size=7", "agent.optim.lr=0.5"])
+    cfg.agent.discount = 0.1  # a composed config is the caller's to change
+    assert OmegaConf.to_yaml(store.load("agent/dqn.yaml").node) == before
+    assert compose(["agent=dqn", "env=cartpole"]).agent.batch_size != 7
+    store.store(group="agent", name="dqn_test_late", node=store.load("agent/dqn.yaml").node)
+    try:
+        assert compose(["agent=dqn_test_late", "env=cartpole"]).agent.name == "dqn"
+    finally:
+        del store.repo["agent"]["dqn_test_late.yaml"]

@@ -59,18 +59,32 @@ def test_train_writes_and_reports_outputs(trained):
 
 
 def test_resume_then_evaluate(trained, tmp_path):
-    """Resume the 3000-step run to 16000 steps, then `scripts.evaluate` the checkpoint: the greedy policy has
-    learned, i.e. its mean return is far above a random policy's (~22), which a broken resume (fresh params),
-    a broken evaluation (wrong params, random actions) or a learner that does not learn would all fail."""
+    """Resume the 3000-step run to 3400 steps in its own run dir, then `scripts.evaluate` the checkpoint: the
+    greedy returns of the run's one seed, as JSON. (That they show learning: the slow test below.)"""
     run_dir, _ = trained
     over = [o for o in TINY_DQN if not o.startswith("logger=")] + LEARNS
-    proc = _run("scripts.train", *over, "total_steps=16000", "logger=none", f"resume={run_dir}",
+    proc = _run("scripts.train", *over, "total_steps=3400", "logger=none", f"resume={run_dir}",
                 f"hydra.run.dir={tmp_path / 'resumed'}")
     assert f"resumed from {run_dir} at env step 3000" in proc.stdout + proc.stderr
     # The resumed run continues in its own run dir (hydra's new dir is not used for outputs).
-    assert (run_dir / "checkpoints" / "16000").is_dir() and not (tmp_path / "resumed" / "checkpoints").exists()
+    assert (run_dir / "checkpoints" / "3400").is_dir() and not (tmp_path / "resumed" / "checkpoints").exists()
     assert not (tmp_path / "resumed").exists()  # hydra's new run dir held nothing of the run: removed
     assert "resumed from" in (run_dir / "train.log").read_text()  # the resumed run's log continues there
+    proc = _run("scripts.evaluate", str(run_dir), "--episodes", "3", "--json")
+    returns = json.loads(proc.stdout.strip().splitlines()[-1])["returns"]
+    assert len(returns) == 1 and len(returns[0]) == 3 and min(returns[0]) >= 1, returns
+
+
+@pytest.mark.slow  # 13k env steps of learning
+def test_resumed_run_evaluates_as_a_learned_policy(trained, tmp_path):
+    """Resume the run to 16000 steps, then `scripts.evaluate` it: the greedy policy has learned, i.e. its mean
+    return is far above a random policy's (~22), which a broken resume (fresh params), a broken evaluation
+    (wrong params, random actions) or a learner that does not learn would all fail."""
+    run_dir, _ = trained
+    over = [o for o in TINY_DQN if not o.startswith("logger=")] + LEARNS
+    _run("scripts.train", *over, "total_steps=16000", "logger=none", f"resume={run_dir}",
+         f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert (run_dir / "checkpoints" / "16000").is_dir()
     proc = _run("scripts.evaluate", str(run_dir), "--episodes", "5", "--json")
     returns = json.loads(proc.stdout.strip().splitlines()[-1])["returns"]
     assert len(returns) == 1 and len(returns[0]) == 5

@@ -18,7 +18,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from rl.infra import distributed, sharding
-from tests.conftest import run_probe
+from tests.conftest import run_probe, xla_flags
 
 ROOT = Path(__file__).resolve().parents[3]
 TOY = ROOT / "tests" / "multidevice" / "toy_runner.py"
@@ -31,7 +31,7 @@ DQN = ["agent=dqn", "env=cartpole", "logger=none", "seeds=2", "num_envs=4", "tot
 
 
 def _env(devices: int, **extra: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(devices),
                PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **extra)
     return env
 
@@ -115,7 +115,8 @@ SEQUENCE_AGENTS = {
 }
 
 
-@pytest.mark.parametrize("agent", sorted(SEQUENCE_AGENTS))
+# Muesli shards its sequences through the same runner code as R2D2 (~1 min of compiling on 2 cores): slow tier.
+@pytest.mark.parametrize("agent", ["r2d2", pytest.param("muesli", marks=pytest.mark.slow)])
 def test_sequence_agents_four_devices_match_one_device(tmp_path, agent):
     """R2D2 and Muesli shard their sampled sequences over the data devices: a 4-device run (envs, buffer
     rows and batch split 4 ways) ends with the 1-device run's params."""

@@ -114,25 +114,36 @@ def test_the_event_matches_numpy(tmp_path):
     assert not np.any(after.pbt.count) and not np.any(after.pbt.score)
 
 
-@pytest.mark.optimized  # blocked and straight loops compared bit for bit
-def test_events_do_not_depend_on_calls_or_blocks():
-    """The events (every 40 env steps) give the same state whether the chunk runs as one call or several, in
-    blocks of known trip count, with the train step and the event selected (accelerators) or under cond."""
-    cfg = compose([*TINY_DQN, "seeds=1", LRS, "population.pbt.interval=40", "population.pbt.quantile=0.5"])
+def _pieces(cfg, block: int, select: bool, calls: list[int]):
+    """(state, totals) after running the chunk `calls` times, in blocks of `block` steps, the train step and
+    the event selected (accelerators) or under cond."""
+    runner = build(cfg)
+    runner.block, runner.select = block, select  # read when the chunk is traced
+    s, it = runner.init()
+    totals = runner.zero_totals(s)
+    for n in calls:
+        s, it, totals = runner.chunk(s, it, totals, np.int32(n))
+    return s, totals
 
-    def pieces(block, select, calls):
-        runner = build(cfg)
-        runner.block, runner.select = block, select  # read when the chunk is traced
-        s, it = runner.init()
-        totals = runner.zero_totals(s)
-        for n in calls:
-            s, it, totals = runner.chunk(s, it, totals, np.int32(n))
-        return s, totals
 
-    expected = pieces(1, False, [100])
+PBT_EVENTS = [*TINY_DQN, "seeds=1", LRS, "population.pbt.interval=40", "population.pbt.quantile=0.5"]
+
+
+def test_events_do_not_depend_on_calls():
+    """The events (every 40 env steps) give the same state whether the chunk runs as one call or three."""
+    cfg = compose(PBT_EVENTS)
+    expected = _pieces(cfg, 1, False, [100])
     assert np.any(np.asarray(expected[0].agent.hparams["optim.lr"]) != np.float32([1e-4, 1e-3, 3e-3, 1e-2]))
-    for block, select, calls in [(1, False, [7, 30, 63]), (4, True, [100]), (8, True, [13, 50, 37])]:
-        _equal(expected, pieces(block, select, calls))
+    _equal(expected, _pieces(cfg, 1, False, [7, 30, 63]))
+
+
+@pytest.mark.slow  # three more programs compiled with XLA's defaults (blocked and straight compared bit for bit)
+def test_events_do_not_depend_on_blocks():
+    """... nor on blocks of known trip count, with the train step and the event selected (accelerators)."""
+    cfg = compose(PBT_EVENTS)
+    expected = _pieces(cfg, 1, False, [100])
+    for block, select, calls in [(4, True, [100]), (8, True, [13, 50, 37])]:
+        _equal(expected, _pieces(cfg, block, select, calls))
 
 
 def test_accelerator_chunk_has_no_conditional():
@@ -207,7 +218,8 @@ def test_pbt_off_is_bit_identical(tmp_path):
 
 def test_resume_is_bit_exact(tmp_path, pbt_run):
     """A PBT run stopped at 1000 env steps (between events) and resumed to 2000 == the straight run: every
-    leaf (hyperparameters and PBT windows included), pbt.csv and metrics.csv."""
+    leaf (hyperparameters and PBT windows included), pbt.csv and metrics.csv. A resume with other population
+    values is refused naming the key."""
     straight, out = pbt_run
     common = [*TINY_DQN, "seeds=2", *GRID, *PBT]
     run(compose([*common, "total_steps=1000"]), tmp_path / "run")
@@ -217,6 +229,9 @@ def test_resume_is_bit_exact(tmp_path, pbt_run):
     _equal(straight["state"], resumed["state"])
     assert (tmp_path / "run" / "pbt.csv").read_text() == (out / "pbt.csv").read_text()
     assert (tmp_path / "run" / "metrics.csv").read_text() == (out / "metrics.csv").read_text()
+    other = [*TINY_DQN, "seeds=2", LRS, "population.agent.discount=[0.9,0.95]", *PBT, f"resume={tmp_path / 'run'}"]
+    with pytest.raises(ConfigError, match=r"cannot resume: population.agent.discount differ"):
+        run(compose(other), tmp_path / "unused2")
 
 
 @pytest.mark.parametrize("overrides, message", [

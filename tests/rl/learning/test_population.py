@@ -50,6 +50,7 @@ def population(tmp_path_factory):
     return run(compose([*TINY_DQN, *COMMON, *GRID]), out), out
 
 
+@pytest.mark.optimized  # traced and constant hyperparameters compared bit for bit
 def test_a_member_equals_its_separate_run(population, tmp_path):
     """Member 3 (lr 3e-3, discount 0.99), seeds 0 and 1 == the run `agent.optim.lr=3e-3 agent.discount=0.99
     seeds=2`: every leaf of its agent and buffer state, its metrics and greedy returns. Member 2 differs from
@@ -101,6 +102,7 @@ def test_reports_like_a_multirun(population):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow  # three population runs; the fast tier resumes a PBT population bit for bit (test_pbt.py)
 def test_resume_is_bit_exact(tmp_path):
     """A population stopped at N steps and resumed to 2N == the straight 2N run, every leaf."""
     tiny = [o for o in TINY_DQN if not o.startswith("agent.optim.lr=")]  # agent.lr (the alias) sets optim.lr
@@ -124,6 +126,7 @@ EVERY_KEY = {"optim.lr": 3e-3, "discount": 0.95, "tau": 0.5, "huber_delta": 0.5,
              "epsilon_end": 0.2, "epsilon_decay_steps": 500, "importance_exponent": 0.7}
 
 
+@pytest.mark.optimized  # traced and constant hyperparameters compared bit for bit
 def test_every_population_key_is_traced(tmp_path):
     """A one-member population setting every key of `POPULATION_KEYS` == the run with those keys set (a key
     the agent ignored in favour of its config would differ)."""

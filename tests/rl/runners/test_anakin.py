@@ -113,6 +113,7 @@ def _run_in_pieces(runner, pieces):
     return state, it, totals
 
 
+@pytest.mark.optimized  # blocked and straight loops compared bit for bit
 def test_blocked_loop_and_split_calls_equal_one_straight_call(tiny_cfg):
     """Accelerators run the chunk as blocks of known trip count plus the rest (`block`); both, and calls
     split across the start of training, give the one straight call's state and totals bit for bit."""

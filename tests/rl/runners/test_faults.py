@@ -316,6 +316,8 @@ print("initialised", int(it))
 """
 
 
+# The fast tier initialises both presets with 2 seeds too, under its watchdog: the smoke matrix's gymnax:2 cases.
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", ["r2d2_paper", "muesli_paper"])
 def test_two_seed_init_finishes(agent):
     """R2D2's LSTM with 2 vmapped seeds deadlocked on 2 cores (batched LAPACK QRs in flight together);

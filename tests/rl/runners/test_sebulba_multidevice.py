@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import xla_flags
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "multidevice" / "sebulba_run.py"
 SPLIT = ("env.actor_threads=2", "env.actor_devices=2", "env.learner_devices=2")
@@ -21,7 +23,7 @@ SPLIT = ("env.actor_threads=2", "env.actor_devices=2", "env.learner_devices=2")
 
 def run_script(tmp_path, *args, devices=4, timeout=900):
     out = tmp_path / "out.json"
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(devices),
            "JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(SCRIPT), args[0], str(out), *map(str, args[1:])], check=False,
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
