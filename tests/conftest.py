@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 # Compiled programs are cached on disk (keyed by program, flags and versions), so the many small runs of
-# the same config compile once; subprocesses started by tests inherit the setting through the env.
+# the same config compile once; subprocesses started by tests inherit the setting through the env. Every program
+# is kept, however quick to compile (unoptimised, most take < 0.5 s, and the processes the tests start rebuild them).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl-test-jax-cache"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Compiling is most of the suite's time. Without XLA's backend (LLVM) optimisations programs compile in a fraction
 # of the time (4 compile-heavy test files: 240 s -> 145 s from an empty cache) and compute the same functions, not
 # always to the same last bit: two different programs that XLA's default options compile to identical bits (a
@@ -80,6 +81,12 @@ def pytest_runtest_setup(item):
 def tiny_cfg():
     """`tiny_cfg(*overrides)` -> the composed TINY_DQN config with extra overrides."""
     return lambda *overrides: compose([*TINY_DQN, *overrides])
+
+
+# Compile options that undo TEST_XLA_FLAGS for one compile: tests that inspect a compiled program (in-place
+# updates, loops, conditionals) compile it as a user's process does (the classic emitters expand a scatter into a
+# while loop, for one). `lowered.compile(SHIPPED)`.
+SHIPPED = {"xla_cpu_use_fusion_emitters": True}
 
 
 def xla_flags(devices: int) -> str:

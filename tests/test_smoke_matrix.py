@@ -1,10 +1,10 @@
 """The smoke matrix: every agent x preset (paper-sized, small) x source (gymnax CartPole, envpool CartPole) x
 seeds (1 and 2 where the source vmaps seeds) builds, initialises, runs >= 2 train steps and checkpoints
-(tests/smoke_case.py). The small presets also resume with `resume=<dir>` and evaluate, on every source and seed
-count; the paper presets (the same resume and evaluation code, other option values and sizes) train on 2 vmapped
-seeds and on envpool. The cases of one agent config run in one subprocess with a watchdog, so a hang fails with
-the case and stage named instead of stalling the suite; two such subprocesses run at a time (compilation is
-mostly single-threaded)."""
+(tests/smoke_case.py). The small presets also resume with `resume=<dir>` and evaluate, on both sources (2 vmapped
+seeds on gymnax: seeds are always vmapped, so one seed runs the same code); the paper presets (the same resume and
+evaluation code, other option values and sizes) train on 2 vmapped seeds and on envpool. The cases of one agent
+config run in one subprocess with a watchdog, so a hang fails with the case and stage named instead of stalling the
+suite; two such subprocesses run at a time (compilation is mostly single-threaded)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Heaviest first, so the two workers finish together (the small presets now run three full cases, the paper two
-# train-only ones).
+# Heaviest first, so the two workers finish together (the small presets run two full cases and a train-only one,
+# the paper two train-only ones).
 AGENTS = ["muesli_small", "r2d2_small", "dqn_small", "muesli_paper", "r2d2_paper", "dqn_paper"]
 # source:seeds[:train] (envpool runs one seed per process; `:train` stops after training and its checkpoint)
-CASES = {"small": ("gymnax:1", "gymnax:2", "envpool:1"), "paper": ("gymnax:2:train", "envpool:1:train")}
+CASES = {"small": ("gymnax:1:train", "gymnax:2", "envpool:1"), "paper": ("gymnax:2:train", "envpool:1:train")}
 WATCHDOG_S = 600
 
 

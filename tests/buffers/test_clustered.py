@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from buffers.checks import BufferInputError
 from buffers.clustered import make_clustered_buffer
+from tests.conftest import SHIPPED
 
 K, TC, MIN, SAMPLE_B = 3, 3, 2, 5
 BATCHES = (1, 4, 9)
@@ -181,7 +182,7 @@ def test_donated_add_keeps_storage_in_place(hlo):
         state = buf.add_batch(state, make_items(0, 64), jnp.arange(64, dtype=jnp.int32) % 5)
         return state, buf.sample(state, key, 32)
 
-    compiled = jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile()
+    compiled = jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(SHIPPED)
     rep = hlo.in_place_report(compiled, state)
     assert rep["copies"] == [] and rep["passes"] == [] and rep["aliased"] and rep["whiles"] == []
 

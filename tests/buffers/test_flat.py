@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from buffers.checks import BufferInputError
 from buffers.flat import make_flat_buffer, randint_below
+from tests.conftest import SHIPPED
 
 CAP, MIN, SAMPLE_B = 7, 3, 5
 BATCHES = (2, 5, CAP)
@@ -236,18 +237,18 @@ def test_compiled_donated_add_and_sample_is_in_place(hlo):
     step = add_and_sample_step(buf)
     # unsafe_rbg keys: threefry itself lowers to a fixed 5-round while loop on CPU, which would hide ours.
     rep = hlo.in_place_report(
-        jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(), state
+        jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(SHIPPED), state
     )
     assert rep == {"whiles": [], "copies": [], "passes": [], "aliased": True, "temp_ok": True}
     rep = hlo.in_place_report(
-        jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0)).compile(), state
+        jax.jit(step, donate_argnums=0).lower(state, jax.random.key(0)).compile(SHIPPED), state
     )
     # jax rolls threefry into a loop on CPU unless rl/infra/xla_cpu.py unrolled it in this process: no other loop
     assert all(hlo.is_threefry_loop(w) for w in rep["whiles"]), rep["whiles"]
     assert rep["copies"] == [] and rep["aliased"]
     # The detector flags copies: without donation the storage is copied; a concatenating write rebuilds it.
     rep = hlo.in_place_report(
-        jax.jit(step).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(), state
+        jax.jit(step).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(SHIPPED), state
     )
     assert rep["copies"] and not rep["aliased"]
 
@@ -256,7 +257,7 @@ def test_compiled_donated_add_and_sample_is_in_place(hlo):
         return buf.sample(s.replace(storage=jax.tree.map(lambda x, y: jnp.concatenate([x[128:], y]), s.storage, new)), k, 256)
 
     rep = hlo.in_place_report(
-        jax.jit(concat_step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(),
+        jax.jit(concat_step, donate_argnums=0).lower(state, jax.random.key(0, impl="unsafe_rbg")).compile(SHIPPED),
         state,
     )
     assert rep["passes"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from buffers.checks import BufferInputError
 from buffers.nstep import make_nstep_buffer
 from tests.buffers.test_rows import STRIDE, RowsRef
+from tests.conftest import SHIPPED
 
 E, T, N, GAMMA = 3, 8, 3, 0.9
 PROTO = {"obs": np.zeros(2, np.float32), "action": np.int32(0), "reward": np.float32(0), "terminated": False,
@@ -241,6 +242,6 @@ def test_a_one_step_sample_gathers_the_storage_once():
     """n = 1: the transition, its reward and its next_obs come from one gather of whole packed rows, and the
     one-step window needs no done check (its remaining length is at most 1 whatever the flag)."""
     buf = make_nstep_buffer(E, T, 1, GAMMA)
-    text = jax.jit(buf.sample, static_argnums=2).lower(buf.init(PROTO), jax.random.key(0), 16).compile().as_text()
+    text = jax.jit(buf.sample, static_argnums=2).lower(buf.init(PROTO), jax.random.key(0), 16).compile(SHIPPED).as_text()
     storage_gathers = re.findall(r"= u32\[[\d,]+\]\{[\d,]*\} gather\(", text)  # the packed rows are u32 words
     assert len(storage_gathers) == 1, storage_gathers

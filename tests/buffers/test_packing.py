@@ -12,6 +12,7 @@ from buffers import BufferInputError, make_flat_buffer
 from buffers.flat import gather_items
 from buffers.packing import SEPARATE_WORDS, packing_of
 from rl.infra import xla_cpu
+from tests.conftest import SHIPPED
 
 RNG = np.random.default_rng(0)
 
@@ -132,7 +133,7 @@ def test_a_window_leaf_nobody_reads_is_never_gathered():
 
     state = rows.init_rows({"obs": np.zeros(4, np.float32), "reward": np.float32(0), "done": False}, 3, 10)
     fn = jax.jit(lambda r, e, t: rows.gather(r, e, t, length=5)["reward"])
-    text = fn.lower(state, jnp.zeros(8, jnp.int32), jnp.zeros(8, jnp.int32)).compile().as_text()
+    text = fn.lower(state, jnp.zeros(8, jnp.int32), jnp.zeros(8, jnp.int32)).compile(SHIPPED).as_text()
     sizes = re.findall(r"slice_sizes=\{([\d,]+)\}", text)
     assert sizes == ["1,1"], sizes
 
@@ -162,7 +163,7 @@ def test_a_gather_never_recomputes_the_random_draw_of_its_indices():
     proto = {"obs": np.zeros(4, np.float32), "action": np.int32(0), "reward": np.float32(0), "done": False,
              "next_obs": np.zeros(4, np.float32)}
     buf = make_flat_buffer(1000)
-    text = jax.jit(lambda s, k: buf.sample(s, k, 256).items).lower(buf.init(proto), jax.random.key(0)).compile()
+    text = jax.jit(lambda s, k: buf.sample(s, k, 256).items).lower(buf.init(proto), jax.random.key(0)).compile(SHIPPED)
     index_ops = [ops for c in text.as_text().split("\n\n") for ops in gather_index_ops(c)]
     assert index_ops and not [ops for ops in index_ops if "xor" in ops], index_ops
 

@@ -12,6 +12,7 @@ from buffers import sumtree
 from buffers.checks import BufferInputError
 from buffers.prioritised import make_prioritised_buffer
 from buffers.priority_math import importance_weights, sequence_priority
+from tests.conftest import SHIPPED
 
 CAP, MIN, ALPHA, SAMPLE_B = 7, 2, 0.6, 6
 BATCHES = (3, CAP)
@@ -273,7 +274,7 @@ def test_compiled_learner_step_is_in_place(hlo):
 
     def report(fn, key=rbg, donate=True):
         jitted = jax.jit(fn, donate_argnums=0) if donate else jax.jit(fn)
-        return hlo.in_place_report(jitted.lower(state, key).compile(), state)
+        return hlo.in_place_report(jitted.lower(state, key).compile(SHIPPED), state)
 
     assert report(step) == {"whiles": [], "copies": [], "passes": [], "aliased": True, "temp_ok": True}
     rep = report(step, jax.random.key(0))

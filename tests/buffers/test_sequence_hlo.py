@@ -12,6 +12,7 @@ import pytest
 
 from buffers.nstep import make_nstep_buffer
 from buffers.sequences import make_sequence_buffer
+from tests.conftest import SHIPPED
 
 E, T, OBS = 4, 1500, 32
 CAP = E * T
@@ -76,7 +77,7 @@ def learner_step(buf):
 @pytest.mark.parametrize("prioritised", [True, False])
 def test_donated_step_has_no_while_and_no_capacity_copy(prioritised):
     buf, state, steps, key = setup(prioritised)
-    compiled = jax.jit(learner_step(buf), donate_argnums=0).lower(state, key, steps, jnp.arange(E)).compile()
+    compiled = jax.jit(learner_step(buf), donate_argnums=0).lower(state, key, steps, jnp.arange(E)).compile(SHIPPED)
     report = in_place_report(compiled, state)
     assert report == {"while": False, "copies": [], "temp_ok": True, "aliased_ok": True}, report
 
@@ -86,7 +87,7 @@ def test_detector_catches_copying_variants():
     ids = jnp.arange(E)
     step = learner_step(buf)
     # 1. Not donated: XLA must copy the storage before scattering into it.
-    report = in_place_report(jax.jit(step).lower(state, key, steps, ids).compile(), state)
+    report = in_place_report(jax.jit(step).lower(state, key, steps, ids).compile(SHIPPED), state)
     assert report["copies"] and not report["aliased_ok"]
 
     # 2. Donated, but the old storage stays live next to the new one.
@@ -94,7 +95,7 @@ def test_detector_catches_copying_variants():
         new, n = step(state, key, steps, env_ids)
         return new, n + jnp.sum(state.rows.storage[0]) + jnp.sum(new.rows.storage[0])
 
-    report = in_place_report(jax.jit(keeps_old, donate_argnums=0).lower(state, key, steps, ids).compile(), state)
+    report = in_place_report(jax.jit(keeps_old, donate_argnums=0).lower(state, key, steps, ids).compile(SHIPPED), state)
     assert report["copies"] or not report["temp_ok"]
 
     # 3. Donated, but storage rebuilt by a roll (what a shifting buffer would do).
@@ -103,12 +104,12 @@ def test_detector_catches_copying_variants():
         storage = tuple(jnp.roll(x, 1, axis=1) for x in new.rows.storage)
         return new.replace(rows=new.rows.replace(storage=storage)), n
 
-    report = in_place_report(jax.jit(rolls, donate_argnums=0).lower(state, key, steps, ids).compile(), state)
+    report = in_place_report(jax.jit(rolls, donate_argnums=0).lower(state, key, steps, ids).compile(SHIPPED), state)
     assert report["copies"] or not report["temp_ok"]
 
     # 4. The while detector sees a data-dependent loop.
     loop = jax.jit(lambda n: jax.lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2), (0, 1)))
-    assert has_while(loop.lower(5).compile().as_text())
+    assert has_while(loop.lower(5).compile(SHIPPED).as_text())
 
 
 @pytest.mark.parametrize("kind", ["sequence", "nstep"])

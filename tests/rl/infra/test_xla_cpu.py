@@ -11,6 +11,7 @@ from jax._src.random import threefry2x32 as threefry
 
 import rl.experiment  # noqa: F401  (applies the setting on import)
 from rl.infra import xla_cpu
+from tests.conftest import SHIPPED
 
 
 def _draws(key):
@@ -20,7 +21,7 @@ def _draws(key):
 
 
 def _compiled(fn, key):
-    return jax.jit(fn).lower(key).compile()
+    return jax.jit(fn).lower(key).compile(SHIPPED)
 
 
 def test_unrolled_threefry_same_bits_no_loop():

@@ -15,7 +15,7 @@ from rl.config import ConfigError, compose
 from rl.experiment import build, run
 from rl.infra import lineage
 from rl.learning import pbt
-from tests.conftest import TINY_DQN
+from tests.conftest import SHIPPED, TINY_DQN
 
 COVERS = {"train.population": ["test_the_event_matches_numpy", "test_lineage_and_metrics",
                                "test_bad_config_is_refused"]}
@@ -151,7 +151,7 @@ def test_accelerator_chunk_has_no_conditional():
     runner = build(compose([*TINY_DQN, "seeds=1", LRS, "population.pbt.interval=40"]))
     runner.block, runner.select = 32, True  # what an accelerator backend sets
     state, it = runner.init()
-    hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()
+    hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile(SHIPPED).as_text()
     assert " conditional(" not in hlo
 
 

@@ -11,6 +11,7 @@ import pytest
 from buffers.sequences import make_sequence_buffer
 from rl.experiment import build, run, validate
 from rl.runners.anakin import Anakin, _repeat
+from tests.conftest import SHIPPED
 
 
 def _leaves(tree):
@@ -170,7 +171,7 @@ def test_accelerator_chunk_has_no_conditional(tiny_cfg):
     runner = Anakin(validate(tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")), agent=CountingAgent(3))
     runner.block, runner.select = 32, True  # what an accelerator backend sets
     state, it = runner.init()
-    hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile().as_text()
+    hlo = runner.chunk.lower(state, it, runner.zero_totals(state), np.int32(3)).compile(SHIPPED).as_text()
     assert " conditional(" not in hlo
 
 
