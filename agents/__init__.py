@@ -7,7 +7,7 @@ rl/learning/agent.py), optionally `POPULATION_KEYS` (`population_keys`) and `POP
 (`population_bounds`), and optionally its presets in `agents/<name>.yaml` (`families: {env family: preset}`,
 `presets: {name: the keys that differ from Config's defaults}`). Importing this registry imports every agent
 and stores its hydra options (`agent=<name>`, sized by the env's family, and `agent=<name>_<preset>`;
-rl.config.register_agent), so `agent=<name>` works on every env with nothing else to edit.
+rl.presets.register_agent), so `agent=<name>` works on every env with nothing else to edit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import ConfigError, env_families, register_agent, to_dataclass
+from rl.config import ConfigError, to_dataclass
+from rl.presets import env_families, register_agent
 
 
 def available_agents() -> list[str]:
@@ -35,7 +36,7 @@ def presets_file(module: Any) -> Path:
 
 
 def _register() -> dict[str, str]:
-    """Store every agent's hydra options (rl.config.register_agent); option -> agent. Two agents claiming one
+    """Store every agent's hydra options (rl.presets.register_agent); option -> agent. Two agents claiming one
     option name (agent `a` with a preset `b`, and an agent `a_b`) are refused naming both."""
     families, owner = env_families(), {}
     for name in available_agents():
@@ -56,7 +57,7 @@ def agent_config(section: Any):
 
     Unknown keys, wrong types and bad values (the dataclass's `__post_init__`) raise a `ConfigError` naming
     the section. `lr`, the learning-rate key every composed agent section has (so `agent.lr=...` sweeps any
-    agent; rl.config.register_agent adds it), is the default of `optim.lr` (the section interpolates it; a dict
+    agent; rl.presets.register_agent adds it), is the default of `optim.lr` (the section interpolates it; a dict
     without `optim.lr` gets it here).
     """
     name = _name(section)

@@ -19,10 +19,11 @@ ALLOWED = {
     "rl.envs": {"rl.config"},
     "rl.infra": {"rl.config"},
     "rl.config": {"rl.infra"},
+    "rl.presets": {"rl.config"},
     "rl.runners": {"rl.envs", "rl.learning", "rl.infra", "rl.config"},
     "rl.experiment": {"rl", "agents", "buffers"},
     "rl": {"rl.experiment"},  # rl/__init__.py: the lazy entry points
-    "agents": {"buffers", "rl.learning", "rl.nets", "rl.infra", "rl.config"},
+    "agents": {"buffers", "rl.learning", "rl.nets", "rl.infra", "rl.config", "rl.presets"},
 }
 PROJECT = ("rl", "agents", "buffers", "scripts", "configs", "tests")
 

@@ -10,7 +10,7 @@ The registry of sources, one contract for every kind: `env.source=<name>` names 
   `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba);
 * `RUNNER`, the runner that steps it (`anakin` or `sebulba`; `runner_of(env_cfg)`).
 Every `EnvConfig` also has `family` (rl.config.ENV_FAMILIES: vector | minatar | atari, or None), the size of
-agent presets the env takes (configs/env/*.yaml declare it; rl.config.register_agent reads it there);
+agent presets the env takes (configs/env/*.yaml declare it; rl.presets.register_agent reads it there);
 `env_config` checks its value.
 Modules are imported lazily (gymnax or envpool loads only when used) and do not import this registry back.
 A new source is its module (`<name>_source.py` with these three names), a yaml in configs/env/ and a test.

@@ -1,6 +1,6 @@
 """Agent presets sized to the env family: each env config declares its `family` (configs/env/*.yaml), each agent
 declares its presets once in agents/<agent>.yaml (`families: {family: preset}`, `presets: {name: keys that
-differ from Config's defaults}`), and rl.config.register_agent composes `Config` defaults < preset < the
+differ from Config's defaults}`), and rl.presets.register_agent composes `Config` defaults < preset < the
 command line into hydra's `agent=<agent>` (by the env's family) and `agent=<agent>_<preset>` (any env).
 Composition only, but for the toy agent's short run."""
 
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 import agents
 from agents import agent_config
-from rl import config
+from rl import config, presets
 from rl.config import CONFIG_DIR, ConfigError, compose
 from rl.envs import env_config
 from rl.experiment import _filled, validate
@@ -56,7 +56,7 @@ def _families(agent: str) -> dict[str, str]:
 
 
 def test_every_shipped_env_declares_its_family_once():
-    fams = config.env_families()
+    fams = presets.env_families()
     assert sorted(fams) == ENVS and len(ENVS) >= 12 and set(fams.values()) == set(config.ENV_FAMILIES)
     assert fams["cartpole"] == fams["envpool/cartpole"] == fams["acrobot"] == fams["catch"] == "vector"
     assert fams["mountaincar"] == "vector"
@@ -85,7 +85,7 @@ def test_every_preset_composes_to_the_values_it_composed_to_before(case):
 @pytest.mark.parametrize("agent", AGENTS)
 def test_agent_picks_the_family_preset(agent, env):
     cfg = _agent(agent, env)
-    fam = config.env_families()[env]
+    fam = presets.env_families()[env]
     assert cfg == _agent(f"{agent}_{_families(agent)[fam]}", env)  # the preset its yaml names, selected directly
     if fam == "vector":
         assert cfg == _agent(f"{agent}_small", env)  # the CartPole-tested small settings, exactly
@@ -203,11 +203,11 @@ def test_an_unknown_family_is_refused_in_one_line(tmp_path):
     (tmp_path / "env").mkdir()
     (tmp_path / "env" / "hopper.yaml").write_text("source: gymnax\nid: CartPole-v1\nfamily: mujoco\n")
     with pytest.raises(ConfigError, match=r"hopper.yaml: `family` must be one of vector, minatar, atari") as err:
-        config.env_families(tmp_path)
+        presets.env_families(tmp_path)
     _one_line(err)
     (tmp_path / "env" / "hopper.yaml").write_text("source: gymnax\nid: CartPole-v1\n")  # none declared
     with pytest.raises(ConfigError, match="got None"):
-        config.env_families(tmp_path)
+        presets.env_families(tmp_path)
     # On the command line: the env config's own family picks the preset; another preset is agent=<a>_<preset>.
     with pytest.raises(ConfigError, match=r"env.family=atari: env.family is the env config's own") as err:
         compose(["agent=dqn", "env=cartpole", "env.family=atari"])
@@ -230,7 +230,7 @@ def test_a_bad_presets_file_is_refused_in_one_line_naming_it(tmp_path, text, mat
     path = tmp_path / "dqn.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=match) as err:
-        config.agent_presets(Config, path)
+        presets.agent_presets(Config, path)
     assert _one_line(err).startswith(str(path))
 
 

@@ -85,13 +85,19 @@ def _leaves(tree):
             for x in jax.tree_util.tree_leaves(tree)]
 
 
+def _stopped_anakin_run(run: Path, other: Path) -> int:
+    """The env step of the checkpoint a SIGTERM to process 1 leaves in `run`, after the first log's rows."""
+    _stop_process_1([run, other], RUN, 2, "SIGTERM to process 1")  # header + the first log's 2 seed rows
+    step = checkpoint.latest_step(run)
+    assert step is not None and 0 < step < 1600
+    return step
+
+
 def test_two_processes_stop_together_and_refuse_one(tmp_path):
     """Both processes log into process 0's run dir; a SIGTERM to process 1 alone stops both after the same call
     with one checkpoint, which a one-process resume refuses. (Its resume: the slow test below.)"""
     run, other = tmp_path / "run", tmp_path / "other"
-    _stop_process_1([run, other], RUN, 2, "SIGTERM to process 1")  # header + the first log's 2 seed rows
-    step = checkpoint.latest_step(run)
-    assert step is not None and 0 < step < 1600
+    step = _stopped_anakin_run(run, other)
     assert checkpoint.read_meta(run)["process_count"] == 2
     assert (run / "train.1.log").exists() and not (other / "metrics.csv").exists()  # process 1 logged into run
     _refused_alone(run)
@@ -107,9 +113,7 @@ def test_two_processes_resume_bit_exact(tmp_path):
     straight = _start([tmp_path / "straight", tmp_path / "straight1"], *RUN)
     for code, text in _finish(straight, "uninterrupted run"):
         assert code == 0, text[-3000:]
-    _stop_process_1([run, other], RUN, 2, "SIGTERM to process 1")
-    step = checkpoint.latest_step(run)
-    assert step is not None and 0 < step < 1600
+    _stopped_anakin_run(run, other)
     for code, text in _finish(_start([run, other], f"resume={run}"), "resume with 2 processes"):
         assert code == 0, text[-3000:]
     assert checkpoint.latest_step(run) == 1600
