@@ -13,6 +13,9 @@ Every `EnvConfig` also has `family` (rl.config.ENV_FAMILIES: vector | minatar | 
 agent presets the env takes (configs/env/*.yaml declare it; rl.presets.register_agent reads it there);
 `env_config` checks its value.
 Modules are imported lazily (gymnax or envpool loads only when used) and do not import this registry back.
+gymnax imports seaborn and matplotlib.pyplot for its envs' `render` helpers alone (~1.7 s of every process
+start); importing this package puts stand-ins for them in `sys.modules` that import them on first use
+(`OnFirstUse`).
 A new source is its module (`<name>_source.py` with these three names), a yaml in configs/env/ and a test.
 """
 
@@ -20,11 +23,29 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+import types
 from typing import Any
 
 from omegaconf import DictConfig
 
 from rl.config import ENV_FAMILIES, ConfigError, to_dataclass
+
+
+class OnFirstUse(types.ModuleType):
+    """Stand-in for module `name` in `sys.modules`: the first attribute read imports it, and the stand-in then
+    reads as it."""
+
+    def __getattr__(self, attr: str):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        real = importlib.import_module(self.__name__)
+        self.__dict__.update(real.__dict__)
+        return getattr(real, attr)
+
+
+for _name in ("seaborn", "matplotlib.pyplot"):
+    sys.modules.setdefault(_name, OnFirstUse(_name))
 
 
 def sources() -> dict[str, str]:

@@ -169,6 +169,12 @@ class Anakin:
         s, finished = jax.lax.scan(self._env_step, s, None, self.agent.train_interval)
         return s, jax.tree_util.tree_map(jnp.sum, finished)
 
+    @functools.cached_property
+    def train(self):
+        """`_train` jitted: one trace serves the metric names (`_totals_zeros`), the skipped branch's zeros and
+        the chunk (JAX caches a jitted function's trace by input types; Muesli: ~3 s per trace on CPU)."""
+        return jax.jit(self._train)
+
     def _train(self, s: RunnerState):
         keys = jax.vmap(jax.random.split)(s.key)
         agent_state, buffer_state, metrics, bad = sharding.vmap_seeds(self.train_step)(s.agent, s.buffer,
@@ -187,12 +193,12 @@ class Anakin:
         if train:
             ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))
             if self.select:
-                trained, (metrics, bad) = self._train(s)
+                trained, (metrics, bad) = self.train(s)
                 s = jax.tree_util.tree_map(lambda new, old: jnp.where(ready, new, old), trained, s)
             else:
                 skipped = jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype),
-                                                 jax.eval_shape(self._train, s)[1])
-                s, (metrics, bad) = jax.lax.cond(ready, self._train, lambda s: (s, skipped), s)
+                                                 jax.eval_shape(self.train, s)[1])
+                s, (metrics, bad) = jax.lax.cond(ready, self.train, lambda s: (s, skipped), s)
             totals = totals.add_update(metrics, bad, ready, (it + 1) * self.steps_per_iter)
         return s, it + 1, totals
 
@@ -203,7 +209,7 @@ class Anakin:
     @functools.cached_property
     def _totals_zeros(self):
         """`() -> Totals` of zeros for the train metrics of this agent (their names traced once)."""
-        metrics, bad = jax.eval_shape(self._train, self._abstract_state)[1]
+        metrics, bad = jax.eval_shape(self.train, self._abstract_state)[1]
         return functools.partial(Totals.zeros, self.num_seeds, tuple(metrics), tuple(bad))
 
     @functools.cached_property

@@ -28,14 +28,15 @@ from rl.runners.totals import Totals
 class Learner:
     def __init__(self, agent, num_envs: int, on_nonfinite: str = "stop"):
         self.agent = agent
-        self.train_step = guard.guard(agent.train_step, on_nonfinite)
+        # Jitted so its trace is shared by `zero_totals` (the metric names) and `update` (JAX caches a jitted
+        # function's trace by input types).
+        self.train_step = jax.jit(guard.guard(agent.train_step, on_nonfinite))
         self.ratio = ReplayRatio.of(agent, num_envs)
         self.update = jax.jit(self._update, donate_argnums=(0, 1, 2, 3))
         self.step_s: float | None = None  # measured seconds per train step (None: not yet)
 
     def zero_totals(self, agent_state, buffer_state) -> Totals:
-        # The metric names, from an abstract train step traced once (tracing it costs milliseconds: the host
-        # loop asks for fresh totals at every sub-chunk, a benchmark at every chunk).
+        # The metric names, from an abstract train step traced once (asked for at every sub-chunk).
         if getattr(self, "_names", None) is None:
             metrics, bad = jax.eval_shape(self.train_step, agent_state, buffer_state, jax.random.PRNGKey(0))[2:]
             self._names = (tuple(metrics), tuple(bad))
