@@ -136,7 +136,13 @@ class Anakin:
     def _init_jit(self):
         """`_init_all` and a zero counter, jitted once per runner, computed directly into their placement."""
         return jax.jit(lambda seeds: (self._init_all(seeds), jnp.zeros((), jnp.int32)),
-                       out_shardings=self.placement[:2])
+                       out_shardings=self.state_placement)
+
+    @functools.cached_property
+    def state_placement(self) -> tuple:
+        """`placement[:2]`, without tracing the train step for the totals' names (a restore, an evaluation or the
+        memory estimate needs only these)."""
+        return sharding.loop_shardings(self.mesh, self.state_shardings, None)[:2]
 
     @functools.cached_property
     def placement(self) -> tuple:
@@ -293,7 +299,7 @@ class Anakin:
         return jax.eval_shape(self.init)
 
     def place(self, state):
-        return sharding.place(state, self.placement[:2])
+        return sharding.place(state, self.state_placement)
 
     @contextlib.contextmanager
     def session(self, state, env_steps: int):
