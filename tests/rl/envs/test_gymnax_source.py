@@ -135,3 +135,26 @@ def test_matches_unbatched_gymnax_with_array_valued_env_state():
     o, _, r, term, trunc, _ = env.step(jax.random.split(k, 3)[1], ref_state, 2, params)
     np.testing.assert_array_equal(ts.obs[1], o)
     assert ts.reward[1] == r and ts.terminated[1] == term and ts.truncated[1] == trunc
+
+
+def test_gymnax_plotting_imports_load_on_first_use(monkeypatch):
+    """gymnax imports seaborn and matplotlib.pyplot for its `render` helpers alone (~1.7 s of a process start):
+    importing rl.envs leaves stand-ins (`OnFirstUse`) that import a module when an attribute is first read and
+    then read as it."""
+    import subprocess
+    import sys
+
+    from rl.envs import OnFirstUse
+
+    probe = ("import sys, rl.envs.gymnax_source, gymnax.environments.misc.pong as pong; "
+             "print(type(pong.sns).__name__, 'seaborn.palettes' in sys.modules, 'matplotlib.figure' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["OnFirstUse", "False", "False"], out.stdout + out.stderr[-2000:]
+    monkeypatch.delitem(sys.modules, "wave", raising=False)  # a small stdlib module, as the stand-in's target
+    monkeypatch.setitem(sys.modules, "wave", OnFirstUse("wave"))
+    import wave
+
+    assert isinstance(wave, OnFirstUse) and "open" not in vars(wave)
+    opener = wave.open  # the first read imports the real module, which replaces the stand-in
+    real = sys.modules["wave"]
+    assert real is not wave and opener is real.open and wave.Error is real.Error
