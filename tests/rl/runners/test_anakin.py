@@ -183,3 +183,22 @@ def test_agent_state_is_one_rows_state_without_the_seed_axis(tiny_cfg):
         got = runner.agent_state(state, row)
         for x, y in zip(_leaves(got), _leaves(state[0].agent), strict=True):
             np.testing.assert_array_equal(x, y[row])
+
+
+def test_the_train_step_is_traced_once_per_runner(tiny_cfg):
+    """Restoring or evaluating traces no train step; the totals' metric names and the chunk share one trace of
+    it (jitted `Anakin.train`; Muesli's costs ~3 s on this CPU)."""
+    traced = []
+
+    class Traced(CountingAgent):
+        def train_step(self, state, buffer_state, key):
+            traced.append(1)
+            return super().train_step(state, buffer_state, key)
+
+    runner = Anakin(validate(tiny_cfg("num_envs=3", "total_steps=60")), agent=Traced(3))
+    runner.restore_target()
+    assert traced == []
+    state, it = runner.init()
+    totals = runner.zero_totals(state)
+    runner.chunk(state, it, totals, np.int32(10))
+    assert len(traced) == 1
