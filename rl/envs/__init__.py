@@ -45,7 +45,11 @@ class OnFirstUse(types.ModuleType):
 
 
 for _name in ("seaborn", "matplotlib.pyplot"):
-    sys.modules.setdefault(_name, OnFirstUse(_name))
+    if _name not in sys.modules:
+        sys.modules[_name] = _stand_in = OnFirstUse(_name)
+        _parent, _, _child = _name.rpartition(".")
+        if _parent:  # `import matplotlib.pyplot; matplotlib.pyplot.plot(...)` reads it on the package
+            setattr(importlib.import_module(_parent), _child, _stand_in)
 
 
 def sources() -> dict[str, str]:

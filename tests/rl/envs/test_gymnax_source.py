@@ -146,10 +146,11 @@ def test_gymnax_plotting_imports_load_on_first_use(monkeypatch):
 
     from rl.envs import OnFirstUse
 
-    probe = ("import sys, rl.envs.gymnax_source, gymnax.environments.misc.pong as pong; "
-             "print(type(pong.sns).__name__, 'seaborn.palettes' in sys.modules, 'matplotlib.figure' in sys.modules)")
+    probe = ("import sys, matplotlib, rl.envs.gymnax_source, gymnax.environments.misc.pong as pong; "
+             "print(type(pong.sns).__name__, 'seaborn.palettes' in sys.modules, 'matplotlib.figure' in sys.modules, "
+             "type(matplotlib.pyplot).__name__)")  # the package attribute too (`matplotlib.pyplot.plot(...)`)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.split() == ["OnFirstUse", "False", "False"], out.stdout + out.stderr[-2000:]
+    assert out.stdout.split() == ["OnFirstUse", "False", "False", "OnFirstUse"], out.stdout + out.stderr[-2000:]
     monkeypatch.delitem(sys.modules, "wave", raising=False)  # a small stdlib module, as the stand-in's target
     monkeypatch.setitem(sys.modules, "wave", OnFirstUse("wave"))
     import wave
