@@ -140,8 +140,7 @@ class Anakin:
 
     @functools.cached_property
     def state_placement(self) -> tuple:
-        """`placement[:2]`, without tracing the train step for the totals' names (a restore, an evaluation or the
-        memory estimate needs only these)."""
+        """`placement[:2]` (restores, evaluations, the memory estimate), traced without the train step."""
         return sharding.loop_shardings(self.mesh, self.state_shardings, None)[:2]
 
     @functools.cached_property
@@ -229,10 +228,9 @@ class Anakin:
 
     def _chunk(self, s: RunnerState, it: jax.Array, totals: Totals, num_iters: jax.Array):
         """`num_iters` (traced: one compiled program for every length) iterations; returns the state, the
-        counter and `totals` with their steps added. On accelerators the iterations before `learn_iter - 1` and
-        from it on run in two loops (collect only; collect and train: no conditional); on CPU in one, whose
-        `lax.cond` also waits for `learn_iter - 1` (one copy of the env step in the program: DQN's chunk compiles
-        in ~40% less time, Muesli's ~20%)."""
+        counter and `totals` with their steps added. Accelerators: collect-only iterations, then train ones (no
+        conditional); CPU: one loop whose `lax.cond` also waits for `learn_iter - 1` (one copy of the env step in
+        the program: DQN's chunk compiles in ~40% less time, Muesli's ~20%)."""
         carry = (s, it, totals)
         if self.select:
             collect_only = jnp.clip(self.learn_iter - 1 - it, 0, num_iters)
