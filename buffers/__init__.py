@@ -16,6 +16,7 @@ in place when the state is donated (`jax.jit(..., donate_argnums=...)`).
     nstep        make_nstep_buffer         n-step transitions from the rows, respecting episode ends
     priorities   importance_weights, sequence_priority
     packing      how flat and row storage hold items: small leaves packed in one uint32 array, large ones apart
+                 (rows read in windows, as the sequence buffer's are, keep every leaf apart)
     checks       BufferInputError (bad input, raised at trace time)
 """
 

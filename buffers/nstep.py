@@ -114,5 +114,5 @@ def make_nstep_buffer(num_envs: int, capacity_per_env: int, n: int, gamma: float
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     seq = make_sequence_buffer(num_envs, capacity_per_env, n, cross_episodes=False,
                                priority_exponent=priority_exponent, done_fn=_done, min_size=min_size,
-                               fanout=fanout, debug=debug)
+                               fanout=fanout, debug=debug, layout="packed")
     return NStepBuffer(sequences=seq, n=n, gamma=float(gamma))

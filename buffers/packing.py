@@ -48,11 +48,12 @@ class Packing:
     treedef: Any  # PyTreeDef of the item
     shapes: tuple[tuple[int, ...], ...]  # per leaf, prototype shape
     dtypes: tuple[np.dtype, ...]  # per leaf
+    pack_small: bool = True  # False: every leaf in its own array (for storage read in windows, buffers/rows.py)
 
     @property
     def packed(self) -> tuple[bool, ...]:
         """Per leaf: packed into the words (small), or kept in its own array (over `SEPARATE_WORDS` words)."""
-        return tuple(_words(s, d) <= SEPARATE_WORDS for s, d in zip(self.shapes, self.dtypes))
+        return tuple(self.pack_small and _words(s, d) <= SEPARATE_WORDS for s, d in zip(self.shapes, self.dtypes))
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -164,8 +165,9 @@ def computed_once(x: jax.Array) -> jax.Array:
     return jnp.sum(jnp.pad(x[None], ((0, 1),) + ((0, 0),) * x.ndim), axis=0)
 
 
-def packing_of(prototype: PyTree) -> Packing:
-    """The packing of items shaped like `prototype` (Python scalars, arrays or `ShapeDtypeStruct`s)."""
+def packing_of(prototype: PyTree, pack_small: bool = True) -> Packing:
+    """The packing of items shaped like `prototype` (Python scalars, arrays or `ShapeDtypeStruct`s); with
+    `pack_small=False` every leaf keeps its own array."""
     proto = checks.as_prototype(prototype)
     leaves, treedef = jax.tree_util.tree_flatten(proto)
     for path, spec in jax.tree_util.tree_flatten_with_path(proto)[0]:
@@ -176,7 +178,8 @@ def packing_of(prototype: PyTree) -> Packing:
             raise checks.BufferInputError(
                 f"prototype leaf {jax.tree_util.keystr(path)}: dtype {d} cannot be stored; use a bool, int or "
                 "float dtype (store complex values as two float leaves)")
-    return Packing(treedef, tuple(tuple(x.shape) for x in leaves), tuple(jnp.dtype(x.dtype) for x in leaves))
+    return Packing(treedef, tuple(tuple(x.shape) for x in leaves), tuple(jnp.dtype(x.dtype) for x in leaves),
+                   pack_small)
 
 
 def _encode(x: jax.Array, lead: tuple[int, ...], width: int) -> jax.Array:

@@ -7,6 +7,12 @@ of env `e` (the a-th step ever written to that row, from 0) lives at `[e, a % T]
 `min(written[e], T)` steps. `add(state, steps, env_ids)` writes step i to row
 `env_ids[i]` at that row's head; rows advance independently, any subset of envs in any order.
 
+Rows read in windows of up to L steps (sequence buffers) are laid out for it (`init_rows(..., window=L)`):
+every leaf in its own array, and each row `[T + M]` long with `M = L - 1`, its first M positions repeated
+at `[T, T + M)` (written twice). Every window is then L contiguous steps of each leaf, gathered as one
+slice per window instead of one index per step (64 x 80 CartPole windows: ~40 instead of ~60 us).
+`state.data` shows positions `[0, T)` only.
+
 `online_start [E]` is a second pointer over the same rows (the absolute step where the not-yet-consumed
 online queue begins); `buffers/online.py` samples from it.
 
@@ -34,20 +40,35 @@ from buffers.packing import PackedStorage, Packing, computed_once, packing_of
 
 @struct.dataclass
 class RowState(PackedStorage):
-    storage: tuple  # arrays [E, T, ...]: step a of env e at [e, a % T] (buffers/packing.py)
+    storage: tuple  # arrays [E, T + M, ...]: step a of env e at [e, a % T], also at [e, T + a % T] if a % T < M
     written: jax.Array  # [E] int32: total steps ever written to each row
     online_start: jax.Array  # [E] int32: absolute step where the unconsumed online queue begins
     packing: Packing = struct.field(pytree_node=False)
+    capacity: int = struct.field(pytree_node=False)  # T: steps held per row
+    mirror: int = struct.field(pytree_node=False)  # M: positions [0, M) repeated at [T, T + M)
+
+    @property
+    def data(self):
+        """The rows unpacked: leaves `[..., E, T, ...]` (a copy; for inspection and tests; any leading dims)."""
+        trailing = ((1,) if self.packing.has_words else ()) + tuple(
+            len(s) for s, p in zip(self.packing.shapes, self.packing.packed) if not p)
+        return self.packing.unpack(tuple(jax.lax.slice_in_dim(x, 0, self.capacity, axis=x.ndim - k - 1)
+                                         for x, k in zip(self.storage, trailing)))
 
 
-def init_rows(prototype, num_envs: int, capacity_per_env: int) -> RowState:
-    """Zero storage `[E, T, ...]` for steps like `prototype` (a tree of ShapeDtypeStructs or arrays)."""
-    packing = packing_of(prototype)
+def init_rows(prototype, num_envs: int, capacity_per_env: int, window: int = 1) -> RowState:
+    """Zero storage for steps like `prototype` (a tree of ShapeDtypeStructs or arrays): `[E, T, ...]` with
+    the small leaves packed, or, for rows read in windows of `window > 1` steps, every leaf apart and
+    `[E, T + window - 1, ...]` (see the module docstring)."""
+    packing = packing_of(prototype, pack_small=window <= 1)
+    mirror = max(window - 1, 0)
     return RowState(
-        storage=packing.zeros((num_envs, capacity_per_env)),
+        storage=packing.zeros((num_envs, capacity_per_env + mirror)),
         written=jnp.zeros((num_envs,), jnp.int32),
         online_start=jnp.zeros((num_envs,), jnp.int32),
         packing=packing,
+        capacity=capacity_per_env,
+        mirror=mirror,
     )
 
 
@@ -93,7 +114,7 @@ def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
     Returns `(rows, abs_steps [N] int32, row_index [N] int32)`: the absolute step each entry was written
     as, and its row (`E`, an out-of-range index that scatters drop, where it wrote nothing).
     """
-    num_envs, cap = rows.storage[0].shape[:2]
+    num_envs, cap, m = rows.storage[0].shape[0], rows.capacity, rows.mirror
     n = env_ids.shape[0]
     row = jnp.where(mask & (env_ids >= 0) & (env_ids < num_envs), env_ids, num_envs)
     # Last entry per row: scatter-max of the entry index (row E collects every dropped entry).
@@ -101,35 +122,54 @@ def write(rows: RowState, steps, env_ids: jax.Array, mask: jax.Array):
     row = jnp.where(last[row] == jnp.arange(n), row, num_envs)
     abs_steps = rows.written[jnp.clip(env_ids, 0, num_envs - 1)]
     pos = abs_steps % cap
-    storage = jax.tree_util.tree_map(lambda s, x: s.at[row, pos].set(x, mode="drop"), rows.storage,
-                                     rows.packing.pack(steps))
+    items, to_row, to_pos = rows.packing.pack(steps), row, pos
+    if m:  # positions below M are written again at T + pos (one scatter; row E drops the others)
+        items = tuple(jnp.concatenate([x, x]) for x in items)
+        to_row = jnp.concatenate([row, jnp.where(pos < m, row, num_envs)])
+        to_pos = jnp.concatenate([pos, pos + cap])
+    storage = jax.tree_util.tree_map(lambda s, x: s.at[to_row, to_pos].set(x, mode="drop"), rows.storage, items)
     written = rows.written.at[row].add(1, mode="drop")
     return rows.replace(storage=storage, written=written), abs_steps, row
 
 
 def peek(rows: RowState, env_ids: jax.Array):
     """Latest step of each env in `env_ids [N]` -> tree of `[N, ...]` (zeros for a row never written)."""
-    cap = rows.storage[0].shape[1]
-    return gather(rows, env_ids, (rows.written[env_ids] - 1) % cap)
+    return gather(rows, env_ids, (rows.written[env_ids] - 1) % rows.capacity)
 
 
 def gather(rows: RowState, env_ids: jax.Array, positions: jax.Array, length: int | None = None):
     """The steps at `(env_ids [B], positions [B])` -> leaves `[B, ...]`; with `length` L, the windows of L
-    steps starting there (wrapping at T) -> leaves `[B, L, ...]`. Single steps are gathered as whole packed
-    rows and unpacked (`Packing.take`); windows one leaf at a time (`Packing.take_leaves`: a caller that
-    uses some leaves only pays for theirs).
+    steps starting there (wrapping at T) -> leaves `[B, L, ...]`.
 
-    Indexes the storage viewed flat as `[E*T, ...]` (a free reshape): one index per element instead of an
-    (env, pos) pair, about 3x faster on CPU than the two-index gather.
+    Windows of rows laid out for them (`length <= M + 1`) are one slice `[L, ...]` per window and leaf.
+    Otherwise the storage is indexed viewed flat as `[E*(T+M), ...]` (a free reshape; one index per step,
+    about 3x faster on CPU than an (env, pos) pair): single steps as whole packed rows, unpacked
+    (`Packing.take`), other windows one leaf at a time (`Packing.take_leaves`: a caller that uses some
+    leaves only pays for theirs).
     """
-    e, t = rows.storage[0].shape[:2]
+    e, stride = rows.storage[0].shape[:2]
+    t = rows.capacity
     env_ids, positions = computed_once(env_ids), computed_once(positions)  # the samplers' arithmetic, once
+    if length is not None and 1 < length <= rows.mirror + 1:
+        return _windows(rows, env_ids, positions, length)
     if length is None:
-        flat = env_ids * t + positions
+        flat = env_ids * stride + positions
     else:
-        flat = computed_once(env_ids[:, None] * t + (positions[:, None] + jnp.arange(length)[None, :]) % t)
-    storage = tuple(s.reshape((e * t,) + s.shape[2:]) for s in rows.storage)
+        flat = computed_once(env_ids[:, None] * stride + (positions[:, None] + jnp.arange(length)[None, :]) % t)
+    storage = tuple(s.reshape((e * stride,) + s.shape[2:]) for s in rows.storage)
     return rows.packing.take(storage, flat) if length is None else rows.packing.take_leaves(storage, flat)
+
+
+def _windows(rows: RowState, env_ids: jax.Array, positions: jax.Array, length: int):
+    """Windows of mirrored rows (every leaf apart): leaf `[E, T + M, *S]` -> `[B, L, *S]`, one slice each."""
+    starts = jnp.stack([env_ids, positions], axis=-1)  # [B, 2]
+
+    def window(leaf):
+        dn = jax.lax.GatherDimensionNumbers(offset_dims=tuple(range(1, leaf.ndim)), collapsed_slice_dims=(0,),
+                                            start_index_map=(0, 1))
+        return jax.lax.gather(leaf, starts, dn, (1, length) + leaf.shape[2:], mode=jax.lax.GatherScatterMode.CLIP)
+
+    return jax.tree_util.tree_map(window, rows.packing.unpack(rows.storage))
 
 
 def stored_steps(rows: RowState, capacity_per_env: int) -> jax.Array:

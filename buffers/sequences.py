@@ -29,6 +29,10 @@ Sampling results: `data [B, L, ...]` holds the stored steps at the L positions a
 where `mask` is False are whatever the row holds there (later/older data or zeros), never to be used.
 Empty buffer (no eligible start): `slots` 0, `probabilities` 0, `mask` all False, and `can_sample` False.
 
+Storage layout (`layout`): "windows" (the default) lays the rows out for reading whole windows (every leaf
+apart, the first L-1 positions of each row repeated after it: `buffers/rows.py`); "packed" packs the small
+leaves of a step into one row, for callers that read single steps (the n-step buffer).
+
 Requires `capacity_per_env > sequence_length` (a start's previous step must still be stored while its
 weight can change). env_ids follow the write rule of `buffers/rows.py` (ids outside `[0, E)` write nothing,
 of a repeated id the last entry is stored and its row advances once); `debug=True` instead rejects them
@@ -79,6 +83,7 @@ class SequenceBuffer:
     min_size: int = 1
     fanout: int = sumtree.DEFAULT_FANOUT
     debug: bool = False
+    layout: str = "windows"
 
     # ---- configuration ----------------------------------------------------------------------------------
     @property
@@ -138,7 +143,8 @@ class SequenceBuffer:
             self._rules.done_of(jax.tree_util.tree_map(lambda s: jnp.zeros((1,) + s.shape, s.dtype), proto))
         except (KeyError, AttributeError, TypeError, IndexError) as e:
             raise checks.BufferInputError(f"done_fn cannot read the done flag from the prototype: {e!r}") from e
-        return SequenceState(rows=rows.init_rows(proto, self.num_envs, self.capacity_per_env),
+        window = self.sequence_length if self.layout == "windows" else 1
+        return SequenceState(rows=rows.init_rows(proto, self.num_envs, self.capacity_per_env, window),
                              weights=self._weights.init())
 
     def add(self, state: SequenceState, steps, env_ids, mask=None) -> SequenceState:
@@ -231,6 +237,7 @@ def make_sequence_buffer(
     min_size: int = 1,
     fanout: int = sumtree.DEFAULT_FANOUT,
     debug: bool = False,
+    layout: str = "windows",
 ) -> SequenceBuffer:
     """Sequence buffer over per-env rows (see the module docstring for every option's meaning).
 
@@ -252,10 +259,13 @@ def make_sequence_buffer(
         raise ValueError(f"priority_exponent must be >= 0 or None, got {priority_exponent}")
     if length_power < 0:
         raise ValueError(f"length_power must be >= 0, got {length_power}")
+    if layout not in ("windows", "packed"):
+        raise ValueError(f"layout must be 'windows' or 'packed', got {layout!r}")
     return SequenceBuffer(
         num_envs=num_envs, capacity_per_env=capacity_per_env, sequence_length=sequence_length, period=period,
         start=start, cross_episodes=cross_episodes, complete_only=complete_only,
         length_power=float(length_power),
         priority_exponent=None if priority_exponent is None else float(priority_exponent),
         online_window=online_window, done_fn=done_fn, min_size=min_size, fanout=fanout, debug=debug,
+        layout=layout,
     )

@@ -234,6 +234,11 @@ MUTANTS: list[Mutant] = [
     M("sumtree_probability_unnormalised", "buffers/sumtree.py",
       "probs = jnp.where(tot > 0, leaf / jnp.where(tot > 0, tot, 1.0), 0.0)", "probs = jnp.where(tot > 0, leaf, 0.0)",
       BUF_SUMTREE, BUF_PRIORITISED),
+    M("rows_mirror_not_written", "buffers/rows.py",
+      "to_row = jnp.concatenate([row, jnp.where(pos < m, row, num_envs)])",
+      "to_row = jnp.concatenate([row, jnp.full_like(row, num_envs)])",
+      ("tests/buffers/test_rows.py", "-k", "windows"), ("tests/buffers/test_sequences.py", "-k", "match_reference"),
+      why="windows that wrap around a row read stale steps"),
     # ---- rl/learning/categorical.py
     M("two_hot_without_h", "rl/learning/categorical.py", "hx = rlax.signed_hyperbolic(x, self.eps)", "hx = x",
       CATEGORICAL, MUESLI),

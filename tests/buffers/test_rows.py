@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
+from buffers import checks
 from buffers.checks import BufferInputError
 from buffers.rows import make_row_buffer
 from buffers.sequences import make_sequence_buffer
@@ -242,21 +243,27 @@ def test_masked_entries_write_nothing_even_with_garbage_ids():
     np.testing.assert_array_equal(np.asarray(before.weights.done), np.asarray(state.weights.done))
 
 
-def test_gather_reads_steps_and_windows_like_numpy_indexing():
+@pytest.mark.parametrize("window", [1, 4])  # packed rows; rows laid out for windows of 4 (mirrored, leaves apart)
+def test_gather_reads_steps_and_windows_like_numpy_indexing(window):
     """`rows.gather` at `(env, position)` and its windows of `length` steps forward in time (wrapping at T):
-    `data[e, p]` and `data[e, (p + arange(L)) % T]`, for every leaf."""
+    `data[e, p]` and `data[e, (p + arange(L)) % T]`, for every leaf. Rows laid out for windows hold each
+    leaf apart, `[E, T + L - 1]`, their first L - 1 positions repeated after position T - 1."""
     from buffers import rows as rows_lib
 
     rng = np.random.default_rng(0)
     E, T, L = 3, 7, 4
-    buf = make_row_buffer(E, T)
-    state = buf.init(PROTO)
+    state = rows_lib.init_rows(checks.as_prototype(PROTO), E, T, window)
+    write = jax.jit(lambda s, steps, ids: rows_lib.write(s, steps, ids, jnp.ones(ids.shape, bool))[0])
     for _ in range(12):  # wraps every row
-        ids = rng.permutation(E)
+        ids = rng.permutation(E).astype(np.int32)
         steps = {"x": rng.integers(0, 99, E).astype(np.int32), "v": rng.normal(size=(E, 2)).astype(np.float32),
                  "done": rng.random(E) < 0.5}
-        state = buf.add(state, steps, ids)
+        state = write(state, steps, ids)
     data = jax.tree_util.tree_map(np.asarray, state.data)
+    if window > 1:
+        assert len(state.storage) == 3 and all(x.shape[:2] == (E, T + L - 1) for x in state.storage)
+        for x in state.storage:
+            np.testing.assert_array_equal(np.asarray(x)[:, T:], np.asarray(x)[:, : L - 1])
     env, pos = rng.integers(0, E, 20).astype(np.int32), rng.integers(0, T, 20).astype(np.int32)
     one = jax.jit(rows_lib.gather)(state, env, pos)
     window = jax.jit(rows_lib.gather, static_argnums=3)(state, env, pos, L)

@@ -140,3 +140,20 @@ def test_donated_ops_keep_storage_pointers(kind):
     if kind == "sequence":
         state = jax.jit(buf.consume_online, donate_argnums=0)(state)
         assert ptrs(state) == before
+
+
+@pytest.mark.parametrize("layout", ["windows", "packed"])
+def test_windows_layout_gathers_each_window_as_one_slice(layout):
+    """With `layout="windows"` the compiled sample reads every window of L steps as one slice per leaf (its
+    gathers' slice sizes hold L) and no gather reads one step per index; packed rows gather step by step."""
+    L = 80
+    buf = make_sequence_buffer(E, T, L, period=40, layout=layout)
+    state = buf.init({"obs": np.zeros(OBS, np.float32), "done": False})
+    hlo = jax.jit(lambda s, k: buf.sample(s, k, 16).data).lower(state, jax.random.key(0)).compile(SHIPPED).as_text()
+    sizes = [tuple(int(d) for d in m.split(",")) for m in re.findall(r"slice_sizes=\{([\d,]+)\}", hlo)]
+    assert sizes, "no gather in the compiled sample"
+    windowed = [s for s in sizes if L in s]
+    if layout == "windows":
+        assert sorted(windowed) == [(1, L), (1, L, OBS)], sizes
+    else:
+        assert not windowed, sizes

@@ -29,6 +29,8 @@ CONFIGS = [
     {"period": 2, "start": "episode", "cross_episodes": False, "priority_exponent": 0.5, "length_power": 1.0},
     {"period": 2, "length_power": 1.5},  # counted weights (no sum tree), like 0
     {"period": 3, "cross_episodes": False},  # counted, masks capped from gathered done flags
+    {"period": 2, "cross_episodes": False, "layout": "packed"},  # rows packed, windows gathered step by step
+    {"start": "episode", "priority_exponent": 0.6, "layout": "packed"},
 ]
 
 
@@ -424,6 +426,7 @@ def test_zeroed_priorities_sample_nothing(period):
     ({"online_window": 11}, r"online_window must be in \[0, capacity_per_env=10\]"),
     ({"priority_exponent": -0.5}, "priority_exponent must be >= 0 or None"),
     ({"length_power": -1.0}, "length_power must be >= 0"),
+    ({"layout": "rows"}, "layout must be 'windows' or 'packed'"),
 ])
 def test_each_bad_constructor_argument_is_refused_alone(kwargs, message):
     """Every other argument valid; the bounds themselves are accepted (last call)."""
