@@ -454,3 +454,23 @@ def test_counted_sample_probabilities_are_the_weights_normalised_for_rows_shorte
     slots = np.asarray(sample.slots)
     np.testing.assert_allclose(np.asarray(sample.probabilities), weights[slots] / weights.sum(), rtol=1e-5)
     assert np.all(weights[slots] > 0)
+
+
+@pytest.mark.parametrize("cfg", [{}, {"period": 2, "cross_episodes": False, "priority_exponent": 0.6}])
+def test_both_layouts_sample_the_same_windows_masked_positions_included(cfg):
+    """`layout="windows"` (mirrored rows, leaves apart) and `"packed"` draw the same starts and read the same
+    steps at every position of every window, masked ones included (they hold the row's older steps)."""
+    rng = np.random.default_rng(3)
+    bufs = [make_sequence_buffer(E, T, L, layout=layout, **cfg) for layout in ("windows", "packed")]
+    states = [b.init(PROTO) for b in bufs]
+    adds = [jax.jit(b.add) for b in bufs]
+    samples = [jax.jit(b.sample, static_argnums=2) for b in bufs]
+    ref = SeqRef(cfg)
+    for i in range(40):  # every row wraps several times, rows advance unevenly
+        ids = np.sort(rng.permutation(E)[: E - i % 2]).astype(np.int32)  # two shapes: two compiles per op
+        steps = make_steps(ref, ids, rng, done_p=0.3)
+        ref.add(steps, ids)
+        states = [add(s, steps, ids) for add, s in zip(adds, states)]
+        a, b = (sample(s, jax.random.key(i), 8) for sample, s in zip(samples, states))
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
