@@ -79,6 +79,11 @@ class Packing:
         return jax.tree_util.tree_unflatten(
             self.treedef, [jax.ShapeDtypeStruct(s, d) for s, d in zip(self.shapes, self.dtypes)])
 
+    @property
+    def item_ndims(self) -> tuple[int, ...]:
+        """Per storage array, its dims after the leading ones (1 for the words, len(S) for a separate leaf)."""
+        return ((1,) if self.has_words else ()) + tuple(len(s) for s, p in zip(self.shapes, self.packed) if not p)
+
     def zeros(self, leading: tuple[int, ...]) -> tuple:
         """Storage of zero items with leading dims `leading`."""
         lead = tuple(leading)

@@ -50,10 +50,8 @@ class RowState(PackedStorage):
     @property
     def data(self):
         """The rows unpacked: leaves `[..., E, T, ...]` (a copy; for inspection and tests; any leading dims)."""
-        trailing = ((1,) if self.packing.has_words else ()) + tuple(
-            len(s) for s, p in zip(self.packing.shapes, self.packing.packed) if not p)
         return self.packing.unpack(tuple(jax.lax.slice_in_dim(x, 0, self.capacity, axis=x.ndim - k - 1)
-                                         for x, k in zip(self.storage, trailing)))
+                                         for x, k in zip(self.storage, self.packing.item_ndims)))
 
 
 def init_rows(prototype, num_envs: int, capacity_per_env: int, window: int = 1) -> RowState:
