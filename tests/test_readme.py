@@ -1,5 +1,5 @@
-"""The README's commands work as written: every `python -m scripts.train ...` of its fenced blocks and
-inline code composes and validates (multirun lines: every combination; placeholders such as `<date>` and cluster
+"""The README's and docs/'s commands work as written: every `python -m scripts.train ...` of their fenced
+blocks and inline code composes and validates (multirun lines: every combination; placeholders such as `<date>` and cluster
 launchers are skipped), and the lines marked `(quick)` run for real (slow tier: they are learning runs; the
 smoke matrix trains every agent on every source in the fast tier)."""
 
@@ -20,12 +20,14 @@ from rl.config import compose
 from rl.experiment import validate
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def _train_lines() -> list[tuple[str, bool]]:
-    """`(command, quick)` for each `python -m scripts.train` line in the README's fenced blocks."""
+def _train_lines(text: str) -> list[tuple[str, bool]]:
+    """`(command, quick)` for each `python -m scripts.train` line in a markdown text's fenced blocks and inline
+    code."""
     blocks, inside = [], False
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             inside = not inside
             blocks += [[]] if inside else []
@@ -37,7 +39,7 @@ def _train_lines() -> list[tuple[str, bool]]:
             if "python -m scripts.train" in line:
                 command, _, comment = line.partition("#")
                 lines.append((command.split("python -m", 1)[1].strip(), "(quick)" in comment))
-    inline = re.findall(r"`python -m (scripts\.train [^`]*)`", (ROOT / "README.md").read_text())
+    inline = re.findall(r"`python -m (scripts\.train [^`]*)`", text)
     return lines + [(c, False) for c in inline]
 
 
@@ -53,13 +55,27 @@ def _overrides(command: str) -> list[list[str]]:
 
 
 QUICK_CLAIMS = {line.split("python -m", 1)[1].partition("#")[0].strip(): line.partition("#")[2]
-                for line in (ROOT / "README.md").read_text().splitlines()
+                for path in DOCS for line in path.read_text().splitlines()
                 if "python -m scripts.train" in line and "(quick)" in line}
-LINES = [(c, q) for c, q in _train_lines() if "<" not in c and "launcher=" not in c and "sweeper=" not in c]
+LINES = [(c, q) for path in DOCS for c, q in _train_lines(path.read_text())
+         if "<" not in c and "launcher=" not in c and "sweeper=" not in c]
 
 
 def test_readme_has_train_commands():
-    assert len(LINES) >= 8 and any(q for _, q in LINES)
+    assert len(_train_lines((ROOT / "README.md").read_text())) >= 8 and any(q for _, q in LINES)
+
+
+def test_train_lines_are_found_in_blocks_and_inline_code():
+    text = ("```bash\npython -m scripts.train agent=dqn \\\n    seeds=2   # (quick) a run\n```\n"
+            "and `python -m scripts.train agent=muesli` inline")
+    found = [(shlex.split(c), q) for c, q in _train_lines(text)]
+    assert found == [(["scripts.train", "agent=dqn", "seeds=2"], True), (["scripts.train", "agent=muesli"], False)]
+
+
+def test_docs_commands_are_checked():
+    commands = {c for c, _ in LINES}
+    assert any("population.agent.pg_weight" in c for c in commands)  # docs/results.md's population run
+    assert any("scripts.train agent=dqn population.agent.optim.lr" in c for c in commands)  # docs/scaling.md
 
 
 @pytest.mark.parametrize("command", sorted({c for c, _ in LINES}))
