@@ -7,10 +7,10 @@ Composition only, but for the toy agent's short run."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import sys
-from pathlib import Path
 
 import pytest
 from hydra.core.config_store import ConfigStore
@@ -28,7 +28,6 @@ from scripts.train import group_choices, unknown_choice
 AGENTS = ("dqn", "r2d2", "muesli")
 ENVS = sorted(str(p.relative_to(CONFIG_DIR / "env").with_suffix("")) for p in (CONFIG_DIR / "env").rglob("*.yaml"))
 AGENT_OPTIONS = group_choices("agent")
-BEFORE = json.loads((Path(__file__).parent / "presets_before.json").read_text())
 COVERS = {  # read with ast by tests/test_option_coverage.py: literals only
     "env.gymnax.family": ["test_every_shipped_env_declares_its_family_once", "test_agent_picks_the_family_preset",
                           "test_an_unknown_family_is_refused_in_one_line"],
@@ -70,15 +69,56 @@ def test_the_options_are_every_agent_and_its_presets_and_no_plumbing():
     assert not (CONFIG_DIR / "agent").exists()  # no family/, preset/, *_small.yaml, *_paper.yaml
 
 
-@pytest.mark.parametrize("case", sorted(BEFORE["composed"]))
-def test_every_preset_composes_to_the_values_it_composed_to_before(case):
-    """Every (agent option x env) the old preset chain composed gives the same section, key for key, and the
-    composed section holds every effective key (nothing left for the dataclass defaults to fill)."""
-    agent, env = case.split("|")
-    cfg = _cfg(agent, env)
+def _merged(base: dict, keys: dict) -> dict:
+    """`base` with `keys` merged over it, nested mappings key by key."""
+    out = dict(base)
+    for k, v in keys.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _expected_section(agent: str, preset: str | None) -> dict:
+    """What `agent=<agent>_<preset>` must compose to, worked out here from the dataclass and the yaml alone: every
+    `Config` default, the shared `lr` key beside `optim.lr`, then the preset's mappings merged in order (a list
+    item naming a preset brings its mappings); `optim.lr` follows `lr` unless a mapping sets it."""
+    module = sys.modules[f"agents.{agent}"]
+    plain = json.loads(json.dumps(dataclasses.asdict(module.Config())))  # tuples -> lists, as the yaml has them
+    section = {"lr": plain["optim"]["lr"], **plain} if "lr" in plain.get("optim", {}) else plain
+    presets_of = OmegaConf.to_container(OmegaConf.load(agents.presets_file(module))).get("presets", {})
+
+    def parts(name):
+        items = presets_of[name] if isinstance(presets_of[name], list) else [presets_of[name]]
+        return [p for item in items for p in (parts(item) if isinstance(item, str) else [item])]
+
+    chosen = parts(preset) if preset else []
+    for part in chosen:
+        section = _merged(section, part)
+    if "lr" in section and not any("lr" in p.get("optim", {}) for p in chosen):
+        section["optim"]["lr"] = section["lr"]
+    return section
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("option", AGENT_OPTIONS)
+def test_every_option_composes_to_the_defaults_with_its_preset_merged_over_them(option, env):
+    """Every `agent=` option on every env gives the `Config` defaults with its preset's keys merged over them
+    (`agent=<agent>` the preset its yaml names for the env's family), key for key, and the composed section
+    holds every effective key (nothing left for the dataclass defaults to fill)."""
+    agent, _, preset = option.partition("_")
+    if not preset:
+        preset = _families(agent).get(presets.env_families()[env])
+    cfg = _cfg(option, env)
     section = OmegaConf.to_container(cfg.agent, resolve=True)
-    assert section == BEFORE["sections"][BEFORE["composed"][case]]
+    assert section == _expected_section(agent, preset)
     assert _filled(OmegaConf.to_container(cfg, resolve=True))["agent"] == section
+
+
+def test_the_expected_section_reads_the_preset():
+    """The reference above is not the defaults alone: the small R2D2 preset's keys and its lr reach it."""
+    small = _expected_section("r2d2", "small")
+    assert (small["lstm_size"], small["lr"], small["optim"]["lr"], small["network"]["torso"]) == (64, 5e-4, 5e-4, "mlp")
+    assert _expected_section("r2d2", None)["lstm_size"] == 512
+    assert _expected_section("dqn", "minatar")["network"]["hidden_sizes"] == [256, 128]  # a list: small, then keys
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -120,11 +160,12 @@ def test_tested_settings_are_kept():
     # Muesli on MinAtar: the MinAtar suite's settings (replay ratio 4, MLP model, constant lr).
     minatar = _agent("muesli", "breakout-minatar")
     assert (minatar.train_interval, minatar.network.model, minatar.optim.lr_schedule) == (16, "mlp", "constant")
-    # DQN on MinAtar: the Breakout-MinAtar comparison's overrides (scripts/muesli_experiments.py).
-    from scripts.muesli_experiments import DQN_MINATAR
-
+    # DQN on MinAtar: the small preset with the MinAtar paper's replay size and epsilon schedule and Muesli's
+    # MinAtar torso (the MinAtar suite's settings).
+    minatar_dqn = ["agent.buffer_size=100000", "agent.epsilon_decay_steps=100000", "agent.epsilon_end=0.1",
+                   "agent.network.torso=mlp", "agent.network.hidden_sizes=[256,128]"]
     assert _agent("dqn", "breakout-minatar") == agent_config(
-        compose(["agent=dqn_small", "env=breakout-minatar", *DQN_MINATAR]).agent)
+        compose(["agent=dqn_small", "env=breakout-minatar", *minatar_dqn]).agent)
 
 
 @pytest.mark.parametrize("env", ENVS)
