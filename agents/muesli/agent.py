@@ -17,6 +17,8 @@ Losses on the online network: clipped-importance-weight policy gradient with the
 3), KL(pi_cmpo || pi) at the root (weight 1), and the model loss over a K=5 step unroll from every sampled
 state: KL(pi_cmpo(s_{t+k}) || pi^k), value cross-entropy towards V_{t+k} (weight 0.25) and reward
 cross-entropy towards r_{t+k-1} (weight 1), both categorical over an h(x)-rescaled two-hot support.
+Exploration floor (both off by default): `prior_uniform_mix` mixes a uniform policy into CMPO's prior,
+`entropy_weight` subtracts the root policy's entropy from the loss.
 Unroll steps past an episode end (or past the stored data) are masked; the value after a terminal step
 is trained towards 0.
 
@@ -45,7 +47,9 @@ from agents.muesli.targets import (
     Targets,
     advantage_scale,
     cmpo_log_probs,
+    diagnostics,
     masked_mean,
+    mixed_prior_log_probs,
     unroll_indices,
     unroll_masks,
 )
@@ -61,10 +65,10 @@ from rl.learning.targets import taken
 
 POPULATION_KEYS = ("optim.lr", "discount", "retrace_lambda", "target_update_rate", "adv_var_decay", "cmpo_clip",
                    "pg_weight", "cmpo_weight", "model_policy_weight", "value_weight", "reward_weight",
-                   "dynamics_grad_scale")
+                   "dynamics_grad_scale", "entropy_weight", "prior_uniform_mix")
 POPULATION_BOUNDS = {"adv_var_decay": (0.0, 0.9999),  # PBT keeps them in (the config's ranges)
                      **{k: (0.0, 1.0) for k in ("discount", "retrace_lambda", "target_update_rate",
-                                                "dynamics_grad_scale")}}
+                                                "dynamics_grad_scale", "prior_uniform_mix")}}
 
 @dataclasses.dataclass
 class Config:
@@ -99,6 +103,10 @@ class Config:
     value_weight: float = 0.25
     reward_weight: float = 1.0
     dynamics_grad_scale: float = 0.5  # gradient scale entering each model step (as in MuZero)
+    # Exploration floor. prior_uniform_mix: the share of a uniform policy in CMPO's prior (its targets keep every
+    # action at >= mix / A before the advantage reweighting); entropy_weight: a bonus on the root policy's entropy.
+    prior_uniform_mix: float = 0.0
+    entropy_weight: float = 0.0
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=3e-4, max_grad_norm=10.0))
 
     def __post_init__(self):
@@ -121,6 +129,9 @@ class Config:
                                                     f"{self.target_update_rate}")
         check(0.0 <= self.adv_var_decay < 1.0, f"adv_var_decay must be in [0, 1), got {self.adv_var_decay}")
         check(self.cmpo_clip > 0, f"cmpo_clip must be > 0, got {self.cmpo_clip}")
+        check(0.0 <= self.prior_uniform_mix < 1.0, f"prior_uniform_mix must be in [0, 1), got "
+                                                   f"{self.prior_uniform_mix}")
+        check(self.entropy_weight >= 0.0, f"entropy_weight must be >= 0, got {self.entropy_weight}")
         check(0.0 <= self.dynamics_grad_scale <= 1.0, f"dynamics_grad_scale must be in [0, 1], got "
                                                      f"{self.dynamics_grad_scale}")
 
@@ -219,15 +230,13 @@ class Muesli(StepFormat):
         return self.network.apply(params, *args, method=method)
 
     def lookahead(self, params, states: jax.Array, discount=None):
-        """One-step look-ahead for every action: states `[..., S]` -> q `[..., A]` (r + gamma v'); `discount`
-        in place of the config's."""
+        """One-step look-ahead for every action: states `[..., S]` -> (q `[..., A]` = r + gamma v', the model's
+        rewards r `[..., A]`); `discount` in place of the config's."""
         discount = self.cfg.discount if discount is None else discount
-        actions = jnp.broadcast_to(jnp.arange(self.num_actions), states.shape[:-1] + (self.num_actions,))
-        tiled = jnp.broadcast_to(states[..., None, :], states.shape[:-1] + (self.num_actions, states.shape[-1]))
-        next_states, reward_logits = self._apply(params, MuesliNetwork.step, tiled, actions)
+        next_states, reward_logits = self._apply(params, MuesliNetwork.step_all, states)
         _, next_value_logits = self._apply(params, MuesliNetwork.predict, next_states)
-        return (self.support.logits_to_scalar(reward_logits)
-                + discount * self.support.logits_to_scalar(next_value_logits))
+        reward = self.support.logits_to_scalar(reward_logits)
+        return reward + discount * self.support.logits_to_scalar(next_value_logits), reward
 
     def targets(self, state: MuesliState, batch: dict, valid: jax.Array, hp: dict | None = None):
         """Retrace, CMPO and advantage targets from the target network; updates the advantage EMA. `hp`:
@@ -236,7 +245,7 @@ class Muesli(StepFormat):
         params = state.target_params
         states = self._apply(params, MuesliNetwork.represent, batch["obs"])  # [B, L, S]
         prior_logits, _ = self._apply(params, MuesliNetwork.predict, states)
-        q = self.lookahead(params, states, hp["discount"])  # [B, L, A]
+        q, model_reward = self.lookahead(params, states, hp["discount"])  # [B, L, A] each
         # The baseline is E_prior q of the same look-ahead, so that q and v are consistent (Retrace's v, the
         # CMPO and policy-gradient advantages are all relative to it).
         v = jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1)  # [B, L]
@@ -249,10 +258,14 @@ class Muesli(StepFormat):
         advantage = retrace.q - v
         adv_ema, scale, adv_mean = advantage_scale(state.adv_ema, advantage, retrace.mask, hp["adv_var_decay"],
                                                    cfg.adv_var_eps)
-        log_cmpo = cmpo_log_probs(prior_logits, (q - v[..., None]) / scale, hp["cmpo_clip"])
+        norm_adv = (q - v[..., None]) / scale
+        log_prior = mixed_prior_log_probs(prior_logits, hp["prior_uniform_mix"])
+        log_cmpo = cmpo_log_probs(log_prior, norm_adv, hp["cmpo_clip"])
         targets = Targets(retrace=retrace, cmpo_log_probs=log_cmpo, pg_advantage=advantage / scale)
         metrics = {"adv_scale": scale, "adv_mean": adv_mean, "value_prior": masked_mean(v, valid),
-                   "retrace_target": masked_mean(retrace.v, retrace.mask)}
+                   "retrace_target": masked_mean(retrace.v, retrace.mask),
+                   **diagnostics(log_prior, log_cmpo, norm_adv, model_reward, q_taken - v, advantage, retrace.mask,
+                                 batch["reward"], valid)}
         return targets, adv_ema, metrics
 
     def unroll(self, params, states: jax.Array, actions: jax.Array, grad_scale=None):
@@ -266,8 +279,9 @@ class Muesli(StepFormat):
             s, features = self._apply(params, MuesliNetwork.transition, s, a)
             return s, (s, features)
 
-        _, (model_states, features) = jax.lax.scan(body, states, jnp.moveaxis(actions, -1, 0))
-        reward_logits = self._apply(params, MuesliNetwork.reward, features)  # [K, B, L, N]: one batch
+        steps = jnp.moveaxis(actions, -1, 0)  # [K, B, L]
+        _, (model_states, features) = jax.lax.scan(body, states, steps)
+        reward_logits = self._apply(params, MuesliNetwork.reward, features, steps)  # [K, B, L, N]: one batch
         all_states = jnp.concatenate([states[None], model_states], axis=0)  # [K+1, B, L, S]
         policy_logits, value_logits = self._apply(params, MuesliNetwork.predict, all_states)
         return (jnp.moveaxis(policy_logits, 0, 2), jnp.moveaxis(value_logits, 0, 2),
@@ -308,12 +322,12 @@ class Muesli(StepFormat):
         reward_target = batch["reward"][:, idx[:, :-1]]  # [B, L, K]
         reward_loss = masked_mean(self.support.cross_entropy(reward_logits, reward_target), prev_same[:, :, 1:])
 
+        entropy = masked_mean(-jnp.sum(jnp.exp(log_pi[:, :, 0]) * log_pi[:, :, 0], axis=-1), valid)
         loss = (hp["pg_weight"] * pg_loss + hp["cmpo_weight"] * cmpo_loss
                 + hp["model_policy_weight"] * model_policy_loss + hp["value_weight"] * value_loss
-                + hp["reward_weight"] * reward_loss)
-        entropy = -jnp.sum(jnp.exp(log_pi[:, :, 0]) * log_pi[:, :, 0], axis=-1)
+                + hp["reward_weight"] * reward_loss - hp["entropy_weight"] * entropy)
         metrics = {"loss": loss, "pg_loss": pg_loss, "cmpo_kl": cmpo_loss, "model_policy_loss": model_policy_loss,
-                   "value_loss": value_loss, "reward_loss": reward_loss, "entropy": masked_mean(entropy, valid),
+                   "value_loss": value_loss, "reward_loss": reward_loss, "entropy": entropy,
                    "valid_fraction": jnp.mean(valid.astype(jnp.float32))}
         return loss, metrics
 

@@ -6,8 +6,11 @@
   every model state.
 * `step(state [..., S], action [...]) -> (next_state [..., S], reward_logits [..., N])`: the dynamics model,
   chosen by `network.model`:
-  - `mlp` (default): a residual MLP over (state, one-hot action), layer-normalised; the reward is predicted
-    from its hidden layer.
+  - `mlp` (default): an MLP over the state whose output layers hold one row block per action (Oh et al. 2015
+    condition a frame model multiplicatively on the action for the same reason): the next state is
+    `LayerNorm(state + delta[a])` and the reward head's output layer gives `[A, N]` logits of which action
+    `a`'s are read, so the action selects its own weights and cannot be washed out by a wide state, as a
+    one-hot concatenated to it was. `step_all` gives every action's next state and reward from one pass.
   - `lstm`: the paper's form (Hessel et al. 2021, main text: an LSTM over the action sequence, conditioned
     on the policy network's hidden state). The model state is the LSTM's `(h, c)`, `[..., 2 * state_dim]`
     laid out as `[h, c]`: `represent` gives `h_0` (the layer-normalised projection of the torso, the same
@@ -125,9 +128,10 @@ class MuesliNetwork(nn.Module):
             self.head_norm = nn.LayerNorm()
         else:
             self.dynamics_hidden = [nn.Dense(h) for h in s.model_hidden]
-            self.dynamics_out = nn.Dense(s.state_dim)
+            self.dynamics_out = nn.Dense(self.num_actions * s.state_dim)  # one state change per action
             self.dynamics_norm = nn.LayerNorm()
-        self.reward_head = _Head(s.head_hidden, s.num_atoms, 0.0, s.activation)
+        reward_out = s.num_atoms * (self.num_actions if s.model == "mlp" else 1)  # mlp: one reward per action
+        self.reward_head = _Head(s.head_hidden, reward_out, 0.0, s.activation)
         self.value_head = _Head(s.head_hidden, s.num_atoms, 0.0, s.activation)
         self.policy_head = _Head(s.head_hidden, self.num_actions, 0.01, s.activation)
 
@@ -152,32 +156,58 @@ class MuesliNetwork(nn.Module):
     def step(self, state, action):
         """(states, actions `[...]` int) -> (next states, reward logits `[..., N]`)."""
         next_state, features = self.transition(state, action)
-        return next_state, self.reward(features)
+        return next_state, self.reward(features, action)
+
+    def step_all(self, state):
+        """Every action from every state: states `[..., S]` -> (next states `[..., A, S]`, reward logits
+        `[..., A, N]`); the mlp model computes its hidden layers once for all actions."""
+        if self.sizes.model == "lstm":
+            shape = state.shape[:-1] + (self.num_actions,)
+            tiled = jnp.broadcast_to(state[..., None, :], shape + state.shape[-1:])
+            return self.step(tiled, jnp.broadcast_to(jnp.arange(self.num_actions), shape))
+        x = self._dynamics_hidden(state)
+        next_states = self.dynamics_norm(state[..., None, :] + self._per_action(self.dynamics_out(x)))
+        return next_states, self._per_action(self.reward_head(x))
 
     def transition(self, state, action):
         """`step` without its reward head: (next states, what the reward head reads). A model unroll applies
         `reward` once to every step's features (one large matmul instead of one per step)."""
-        one_hot = jax.nn.one_hot(action, self.num_actions, dtype=state.dtype)
         if self.sizes.model == "lstm":
             d = self.sizes.state_dim
             h, c = state[..., :d], state[..., d:]
-            (c, h), _ = self.lstm((c, h), one_hot)
+            (c, h), _ = self.lstm((c, h), jax.nn.one_hot(action, self.num_actions, dtype=state.dtype))
             return jnp.concatenate([h, c], axis=-1), self.head_norm(h)
+        x = self._dynamics_hidden(state)
+        return self.dynamics_norm(state + _select(self._per_action(self.dynamics_out(x)), action)), x
+
+    def reward(self, features, action):
+        """Reward logits `[..., N]` of `action` `[...]` from `transition`'s features."""
+        logits = self.reward_head(features)
+        if self.sizes.model == "lstm":
+            return logits
+        return _select(self._per_action(logits), action)
+
+    def _dynamics_hidden(self, state):
         act = ACTIVATIONS[self.sizes.activation]
-        x = jnp.concatenate([state, one_hot], axis=-1)
+        x = state
         for layer in self.dynamics_hidden:
             x = act(layer(x))
-        return self.dynamics_norm(state + self.dynamics_out(x)), x
+        return x
 
-    def reward(self, features):
-        """Reward logits `[..., N]` from `transition`'s features."""
-        return self.reward_head(features)
+    def _per_action(self, out):
+        """`[..., A * D]` -> `[..., A, D]`."""
+        return out.reshape(out.shape[:-1] + (self.num_actions, out.shape[-1] // self.num_actions))
 
     def __call__(self, obs):
         """Touch every module (for `init`): represent, one model step with action 0, predict."""
         state = self.represent(obs)
         next_state, reward_logits = self.step(state, jnp.zeros(state.shape[:-1], jnp.int32))
         return self.predict(next_state), reward_logits
+
+
+def _select(per_action, action):
+    """`[..., A, D]`, actions `[...]` -> `[..., D]`."""
+    return jnp.take_along_axis(per_action, action[..., None, None].astype(jnp.int32), axis=-2)[..., 0, :]
 
 
 def make_network(obs_shape: Sequence[int], num_actions: int, num_atoms: int, cfg: MuesliNetworkConfig) -> MuesliNetwork:

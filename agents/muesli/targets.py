@@ -3,6 +3,9 @@
 * `cmpo_log_probs`: the CMPO policy pi_cmpo(a|s) proportional to pi_prior(a|s) exp(clip(adv, -c, c)).
 * `advantage_scale`: running (EMA) moments of the Retrace advantages and the scale that normalises them.
 * `unroll_indices` / `unroll_masks` / `episode_index`: which model-unroll targets exist in a sequence.
+* `mixed_prior_log_probs`: the CMPO prior with a uniform floor.
+* `diagnostics`: whether CMPO and the model do anything (KL of CMPO to its prior, the spread of the model's
+  advantages and rewards over actions, the model advantage's agreement with Retrace's).
 * `Targets`: what the loss needs from the target network.
 
 Shapes: B batch, L sequence length, K unroll steps, A actions.
@@ -28,9 +31,50 @@ class Targets:
 
 
 def cmpo_log_probs(prior_logits: jax.Array, advantages: jax.Array, clip: float) -> jax.Array:
-    """log pi_cmpo `[..., A]`: log softmax of log pi_prior + clip(advantages, -clip, clip)."""
+    """log pi_cmpo `[..., A]`: log softmax of log pi_prior + clip(advantages, -clip, clip) (`prior_logits`:
+    any logits of the prior, e.g. `mixed_prior_log_probs`)."""
     log_prior = jax.nn.log_softmax(prior_logits, axis=-1)
     return jax.nn.log_softmax(log_prior + jnp.clip(advantages, -clip, clip), axis=-1)
+
+
+def mixed_prior_log_probs(prior_logits: jax.Array, uniform_mix) -> jax.Array:
+    """log of `(1 - uniform_mix) * softmax(prior_logits) + uniform_mix / A`, `[..., A]`: every action keeps at
+    least `uniform_mix / A` of the prior, so CMPO's multiplicative update can bring back an action whose
+    probability had reached ~0 (the paper's prior mixes in a small uniform share for this reason)."""
+    num_actions = prior_logits.shape[-1]
+    log_prior = jax.nn.log_softmax(prior_logits, axis=-1)
+    return jnp.logaddexp(jnp.log1p(-uniform_mix) + log_prior, jnp.log(uniform_mix / num_actions))
+
+
+def masked_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+    """Pearson correlation of `x` and `y` over the entries where `mask` holds; 0 when either is constant there."""
+    mask = mask.astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    dx = (x - jnp.sum(x * mask) / n) * mask
+    dy = (y - jnp.sum(y * mask) / n) * mask
+    var = jnp.sum(dx * dx) * jnp.sum(dy * dy)
+    return jnp.where(var > 0, jnp.sum(dx * dy) / jnp.sqrt(jnp.where(var > 0, var, 1.0)), 0.0)
+
+
+def diagnostics(log_prior: jax.Array, log_cmpo: jax.Array, norm_adv: jax.Array, model_reward: jax.Array,
+                model_adv_taken: jax.Array, retrace_adv: jax.Array, retrace_mask: jax.Array, reward: jax.Array,
+                valid: jax.Array) -> dict:
+    """Means over a batch `[B, L]` of sequences, from the target network:
+
+    * `kl_cmpo_prior`: KL(pi_cmpo || pi_prior) per valid step (`log_*` `[B, L, A]`): how far CMPO moves the policy;
+    * `model_adv_spread`: max - min over actions of the normalised model advantage `norm_adv` `[B, L, A]`
+      (above 2 * cmpo_clip, the clip binds);
+    * `model_adv_corr`: the correlation of the model's advantage of the taken action `model_adv_taken` `[B, L]`
+      with the Retrace advantage `retrace_adv` `[B, L]` over the steps with a Retrace target;
+    * `reward_spread`: max - min over actions of the model's reward `model_reward` `[B, L, A]` on valid steps
+      that paid a non-zero `reward` `[B, L]` (0 in a batch without one).
+    """
+    kl = jnp.sum(jnp.exp(log_cmpo) * (log_cmpo - log_prior), axis=-1)
+    spread = lambda x: jnp.max(x, axis=-1) - jnp.min(x, axis=-1)
+    return {"kl_cmpo_prior": masked_mean(kl, valid),
+            "model_adv_spread": masked_mean(spread(norm_adv), valid),
+            "model_adv_corr": masked_correlation(model_adv_taken, retrace_adv, retrace_mask),
+            "reward_spread": masked_mean(spread(model_reward), valid & (reward != 0))}
 
 
 def episode_index(done: jax.Array) -> jax.Array:

@@ -1,4 +1,5 @@
-"""agents/muesli/networks.py: the learned model choice (`agent.network.model`: mlp | lstm).
+"""agents/muesli/networks.py: the learned model choice (`agent.network.model`: mlp | lstm), the look-ahead's
+one pass over all actions, and a model that learns what the actions do.
 
 The LSTM model (the paper's form): its state is `[h, c]`, h_0 from the representation, one one-hot action per
 unroll step; it must build, unroll K steps with the agent's shapes, and learn on a fixed batch.
@@ -66,8 +67,8 @@ def test_lstm_model_builds_and_unrolls_with_the_right_shapes():
     p1, _ = apply(state.params, root.at[..., S:].add(5.0), method=MuesliNetwork.predict)
     np.testing.assert_allclose(p0, p1, rtol=1e-6)
     # Acting and the one-step look-ahead for every action work on the wider state.
-    q = jax.jit(agent.lookahead)(state.params, root)
-    assert q.shape == (B, L, A)
+    q, reward = jax.jit(agent.lookahead)(state.params, root)
+    assert q.shape == (B, L, A) and reward.shape == (B, L, A)
     action, _, extras = jax.jit(agent.act)(state, obs[:, 0], (), jax.random.PRNGKey(3), jnp.arange(B))
     assert action.shape == (B,) and extras["behaviour_logp"].shape == (B,)
 
@@ -103,3 +104,56 @@ def test_lstm_train_step_through_the_buffer():
     buffer_state, _ = jax.lax.scan(one, buffer_state, jax.random.split(jax.random.PRNGKey(1), 8))
     state, buffer_state, m = jax.jit(agent.train_step)(state, buffer_state, jax.random.PRNGKey(99))
     assert np.isfinite(float(m["loss"])) and int(state.updates) == 1
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm"])
+def test_step_all_is_step_for_every_action(model):
+    """The look-ahead's one pass over all actions gives each action's `step` (next state and reward logits)."""
+    agent = agent_with(model)
+    params = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(5)).params
+    params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(3), x.shape), params)
+    apply = jax.jit(agent.network.apply, static_argnames="method")
+    states = apply(params, jax.random.normal(jax.random.PRNGKey(1), (B, 5)), method=MuesliNetwork.represent)
+    all_next, all_reward = apply(params, states, method=MuesliNetwork.step_all)
+    for a in range(A):
+        nxt, reward = apply(params, states, jnp.full((B,), a), method=MuesliNetwork.step)
+        np.testing.assert_allclose(all_next[:, a], nxt, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(all_reward[:, a], reward, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(all_reward[:, 0], all_reward[:, 1])  # guard: the actions differ
+
+
+def test_model_reward_separates_actions_that_pay_differently():
+    """A task whose reward depends only on the action (1, 0, -1, 0.5 whatever the observation), the MinAtar
+    preset's sizes and learning rate: after 300 updates the reward head predicts each action's reward within 0.1
+    from unseen observations. A one-hot action concatenated to the 128-wide state reached only 0.61 / 0.03 /
+    -0.53 / 0.41 here; the mlp model's per-action output blocks learn it."""
+    actions, batch_size, length = 4, 16, 8
+    pays = jnp.array([1.0, 0.0, -1.0, 0.5])
+    cfg = {"name": "muesli", "batch_size": batch_size, "sequence_length": length, "unroll_steps": 3,
+           "num_atoms": 81, "support_min": -20.0, "support_max": 20.0, "buffer_size": 256, "train_interval": 4,
+           "learning_starts": 0, "optim": {"lr": 3e-4},
+           "network": {"torso": "mlp", "hidden_sizes": [256, 128], "state_dim": 128, "model_hidden": [128],
+                       "head_hidden": [128]}}
+    agent = make_agent(cfg, obs_shape=(6,), obs_dtype=jnp.float32, num_actions=actions, num_envs=2)
+
+    def batch(key):
+        k_obs, k_act = jax.random.split(key)
+        a = jax.random.randint(k_act, (batch_size, length), 0, actions)
+        zeros = jnp.zeros((batch_size, length), bool)
+        return {"obs": jax.random.normal(k_obs, (batch_size, length, 6)), "action": a, "reward": pays[a],
+                "terminated": zeros, "truncated": zeros,
+                "behaviour_logp": jnp.full((batch_size, length), -jnp.log(actions))}, ~zeros
+
+    @jax.jit
+    def train_and_predict(key):
+        state = agent.init(key, jnp.zeros(6))
+        state, _ = jax.lax.scan(lambda s, k: (agent.update(s, *batch(k))[0], None), state,
+                                jax.random.split(key, 300))
+        states = agent.network.apply(state.params, jax.random.normal(jax.random.PRNGKey(5), (64, 6)),
+                                     method=MuesliNetwork.represent)
+        step = lambda a: agent.network.apply(state.params, states, jnp.full((64,), a), method=MuesliNetwork.step)
+        return jnp.stack([agent.support.logits_to_scalar(step(a)[1]) for a in range(actions)], -1)  # [64, A]
+
+    predicted = np.asarray(train_and_predict(jax.random.PRNGKey(0)))
+    np.testing.assert_allclose(predicted.mean(0), pays, atol=0.1)
+    assert predicted.std(0).max() < 0.1  # and the same from every observation

@@ -54,6 +54,8 @@ COVERS = {
     "agent.muesli.unroll_steps": ["test_loss_and_gradient_follow_the_loss_options",
                                   "test_network_sizes_follow_the_config"],
     "agent.muesli.dynamics_grad_scale": "test_loss_and_gradient_follow_the_loss_options",
+    "agent.muesli.entropy_weight": "test_loss_and_gradient_follow_the_loss_options",
+    "agent.muesli.prior_uniform_mix": "test_targets_follow_the_target_options",
     "agent.muesli.target_update_rate": "test_target_network_moves_by_target_update_rate",
     "agent.muesli.replay_fraction": "test_train_step_takes_replay_fraction_of_the_batch_from_replay",
     "agent.muesli.batch_size": "test_train_step_takes_replay_fraction_of_the_batch_from_replay",
@@ -90,9 +92,10 @@ COVERS = {
 OPT = {**REF, "discount": 0.9, "retrace_lambda": 0.5, "cmpo_clip": 0.08, "adv_var_decay": 0.7, "adv_var_eps": 5.0,
        "num_atoms": 31, "support_min": -6.0, "support_max": 14.0, "pg_weight": 0.7, "cmpo_weight": 1.9,
        "model_policy_weight": 0.45, "value_weight": 1.6, "reward_weight": 0.3, "unroll_steps": 3,
-       "dynamics_grad_scale": 0.2, "target_update_rate": 0.3}
+       "dynamics_grad_scale": 0.2, "target_update_rate": 0.3, "prior_uniform_mix": 0.4, "entropy_weight": 0.6}
 WEIGHTS = {"pg_loss": "pg_weight", "cmpo_kl": "cmpo_weight", "model_policy_loss": "model_policy_weight",
-           "value_loss": "value_weight", "reward_loss": "reward_weight"}
+           "value_loss": "value_weight", "reward_loss": "reward_weight", "entropy": "entropy_weight"}
+SIGNS = {"entropy": -1.0}  # the entropy bonus is subtracted
 
 
 def with_cfg(agent, **changes):
@@ -130,8 +133,8 @@ def loss_grads(problem):
 
 # ------------------------------------------------------------------------------------------ targets, loss
 def test_targets_follow_the_target_options(problem):
-    """With discount 0.9, retrace_lambda 0.5, cmpo_clip 0.08, adv_var_decay 0.7, adv_var_eps 5 and the support
-    [-6, 14] (31 atoms), Retrace, the advantage EMA and scale, CMPO and the policy-gradient advantages equal the
+    """With discount 0.9, retrace_lambda 0.5, cmpo_clip 0.08, adv_var_decay 0.7, adv_var_eps 5, the support
+    [-6, 14] (31 atoms) and prior_uniform_mix 0.4 (CMPO's prior only), Retrace, the advantage EMA and scale, CMPO and the policy-gradient advantages equal the
     NumPy reference; each option set back to its default changes the reference on this batch."""
     agent, state, batch, valid, (targets, adv_ema, metrics), ref = problem
     assert_targets_match(targets, adv_ema, metrics, ref)
@@ -141,7 +144,7 @@ def test_targets_follow_the_target_options(problem):
     assert ((adv > 0.09).sum() >= 5) and ((adv < 0.07).sum() >= 5)
     defaults = agents.agent_config({"name": "muesli"})
     for key in ("discount", "retrace_lambda", "cmpo_clip", "adv_var_decay", "adv_var_eps", "support_min",
-                "support_max"):
+                "support_max", "prior_uniform_mix"):
         other = _reference_targets(with_cfg(agent, **{key: getattr(defaults, key)}), state, batch, valid)
         changed = max(np.abs(other["G"] - ref["G"])[m].max(), np.abs(other["cmpo"] - ref["cmpo"]).max(),
                       abs(other["scale"] - ref["scale"]), np.abs(np.subtract(other["ema"], ref["ema"])).max())
@@ -149,7 +152,7 @@ def test_targets_follow_the_target_options(problem):
 
 
 def test_loss_and_gradient_follow_the_loss_options(problem, loss_grads):
-    """With unequal loss weights, unroll_steps 3, dynamics_grad_scale 0.2 and the support [-6, 14] (31 atoms), the
+    """With unequal loss weights (entropy_weight 0.6 subtracting the root entropy), unroll_steps 3, dynamics_grad_scale 0.2 and the support [-6, 14] (31 atoms), the
     loss, its five terms and its gradient equal the loop-based reference of tests/agents/test_muesli.py, and the
     loss is the weighted sum of the term metrics."""
     agent, state, batch, valid, _, ref = problem
@@ -164,7 +167,7 @@ def test_loss_and_gradient_follow_the_loss_options(problem, loss_grads):
         assert abs(float(term)) > 1e-3, name
         np.testing.assert_allclose(float(metrics[name]), float(term), rtol=1e-4, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-4)
-    weighted = sum(OPT[w] * float(metrics[name]) for name, w in WEIGHTS.items())
+    weighted = sum(SIGNS.get(name, 1.0) * OPT[w] * float(metrics[name]) for name, w in WEIGHTS.items())
     np.testing.assert_allclose(float(value), weighted, rtol=1e-5)
     np.testing.assert_allclose(float(metrics["loss"]), float(value), rtol=1e-6)
     g, r = flat(grads), flat(ref_grads)
@@ -287,11 +290,12 @@ def test_network_sizes_follow_the_config(model):
     agent = net_agent(model=model, unroll_steps=4)
     p = param_shapes(agent)
     assert p["torso"] == {"Dense_0": (3, 7), "Dense_1": (7, 5)} and p["project"] == (5, 6)
-    for head, out in (("policy_head", A), ("value_head", 11), ("reward_head", 11)):
+    per_action = A if model == "mlp" else 1  # the mlp model's output layers hold one block per action
+    for head, out in (("policy_head", A), ("value_head", 11), ("reward_head", 11 * per_action)):
         assert p[head]["Dense_1"] == (3, out), head
     if model == "mlp":
-        assert p["dynamics_hidden_0"] == (6 + A, 9) and p["dynamics_hidden_1"] == (9, 4)
-        assert p["dynamics_out"] == (4, 6) and p["reward_head"]["Dense_0"] == (4, 3)
+        assert p["dynamics_hidden_0"] == (6, 9) and p["dynamics_hidden_1"] == (9, 4)
+        assert p["dynamics_out"] == (4, 6 * A) and p["reward_head"]["Dense_0"] == (4, 3)
         assert "lstm" not in p
         width = 6
     else:
@@ -341,11 +345,15 @@ def test_network_matches_numpy_forward_pass():
 
     np.testing.assert_allclose(policy, head("policy_head", s), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(value, head("value_head", s), rtol=1e-4, atol=1e-5)
-    x = mlp_np([p["dynamics_hidden_0"], p["dynamics_hidden_1"]],
-               np.concatenate([s, np.eye(A)[np.asarray(action)]], -1), act)
-    np.testing.assert_allclose(reward, head("reward_head", x), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(next_state, layer_norm_np(s + dense_np(p["dynamics_out"], x), p["dynamics_norm"]),
+    # The model: hidden layers over the state; the action picks its block of each output layer.
+    x = mlp_np([p["dynamics_hidden_0"], p["dynamics_hidden_1"]], s, act)
+    rows = np.arange(len(s))
+    reward_all = head("reward_head", x).reshape(len(s), A, -1)
+    delta_all = dense_np(p["dynamics_out"], x).reshape(len(s), A, -1)
+    np.testing.assert_allclose(reward, reward_all[rows, np.asarray(action)], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(next_state, layer_norm_np(s + delta_all[rows, np.asarray(action)], p["dynamics_norm"]),
                                rtol=1e-4, atol=1e-4)
+    assert len(set(np.asarray(action).tolist())) > 1  # guard: several actions read
     assert (np.asarray(torso) < 0).any()  # guard: relu would differ here
 
 
