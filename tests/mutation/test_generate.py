@@ -1,18 +1,23 @@
-"""The generated-mutant mode of scripts/mutate.py: each operator's edit on small sources, the skipped code,
-the seeded sample, and the library-file -> test-files map (no mutant is run here)."""
+"""The generated mutants of tests/mutation (operators.py, selection.py): each operator's edit on small
+sources, the skipped code, the seeded sample, and the library-file -> test-files map (no mutant is run here)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from scripts import mutate
+from tests.mutation import operators, selection
+from tests.mutation.equivalent import EQUIVALENT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def mutants(expr: str) -> set[tuple[str, str]]:
     """(operator, mutated expression) of every mutant of `return <expr>` in a small function."""
     source = f"def f(a, b, c, i, n, mask):\n    return {expr}\n"
     out = set()
-    for g in mutate.generate(source, "x.py"):
+    for g in operators.generate(source, "x.py"):
         lines = g.mutate(source).splitlines()
         assert lines[0] == "def f(a, b, c, i, n, mask):" and lines[1].startswith("    return ")
         out.add((g.op, lines[1].removeprefix("    return ")))
@@ -56,13 +61,13 @@ def test_each_operator_makes_its_edit(expr, expected):
 def test_an_edit_keeps_the_rest_of_the_file_and_counts_columns_in_characters():
     source = ('"""é."""\n\n\ndef f(a, b):\n    s = "→"; t = a + b  # é\n'
               "    return (s,\n            t)\n")
-    (g,) = [g for g in mutate.generate(source, "x.py") if g.op == "add_to_sub"]
+    (g,) = [g for g in operators.generate(source, "x.py") if g.op == "add_to_sub"]
     assert (g.line, g.col, g.name) == (5, 20, "x.py:5:20:add_to_sub")
     assert g.mutate(source) == source.replace("a + b", "a - b")
     assert g.diff(source) == (['    s = "→"; t = a + b  # é'], ['    s = "→"; t = a - b  # é'])
     assert g.key(source) == ("x.py", 's = "→"; t = a + b  # é', "add_to_sub")
     aug = "def f(x):\n    x += 2 * x\n    return x\n"
-    (g,) = [g for g in mutate.generate(aug, "x.py") if g.op == "iadd_to_isub"]
+    (g,) = [g for g in operators.generate(aug, "x.py") if g.op == "iadd_to_isub"]
     assert g.mutate(aug) == aug.replace("+=", "-=")
 
 
@@ -94,38 +99,38 @@ def f(x: dict[str, int], n: int = 4, *, flag=False) -> list[int]:
     draw.ellipse(x, fill=(204, 204, 0))
     return "a" + "b"
 '''
-    assert [g.description for g in mutate.generate(source, "x.py")] == []
+    assert [g.description for g in operators.generate(source, "x.py")] == []
 
 
 def test_the_sample_is_seeded_sorted_and_skips_listed_equivalent_mutants(monkeypatch):
     sources = {p: (f"def {p[0]}(a, b, i):\n    return a[i] < b + 1 and not a\n") for p in ("p.py", "q.py")}
-    candidates = [g for path, src in sources.items() for g in mutate.generate(src, path)]
+    candidates = [g for path, src in sources.items() for g in operators.generate(src, path)]
     assert len(candidates) == 18
     names = lambda picked: [g.name for g in picked]
-    first, equivalent = mutate.sample(candidates, 6, seed=0, sources=sources)
+    first, equivalent = selection.sample(candidates, 6, seed=0, sources=sources)
     assert equivalent == [] and len(first) == 6 and len(set(names(first))) == 6
-    assert names(mutate.sample(candidates[::-1], 6, seed=0, sources=sources)[0]) == names(first)  # input order
-    ten = names(mutate.sample(candidates, 10, seed=0, sources=sources)[0])
+    assert names(selection.sample(candidates[::-1], 6, seed=0, sources=sources)[0]) == names(first)  # input order
+    ten = names(selection.sample(candidates, 10, seed=0, sources=sources)[0])
     assert ten[:6] == names(first)  # a prefix
-    assert names(mutate.sample(candidates, 6, seed=1, sources=sources)[0]) != names(first)
+    assert names(selection.sample(candidates, 6, seed=1, sources=sources)[0]) != names(first)
 
     # Listing the second picked mutant as equivalent: it is set aside with its reason and one more is drawn.
-    monkeypatch.setitem(mutate.EQUIVALENT, first[1].key(sources[first[1].path]), "cannot change anything")
-    picked, equivalent = mutate.sample(candidates, 6, seed=0, sources=sources)
+    monkeypatch.setitem(EQUIVALENT, first[1].key(sources[first[1].path]), "cannot change anything")
+    picked, equivalent = selection.sample(candidates, 6, seed=0, sources=sources)
     assert [(g.name, why) for g, why in equivalent] == [(first[1].name, "cannot change anything")]
     assert names(picked) == names(first[:1] + first[2:]) + ten[6:7]
 
 
 def test_a_library_file_maps_to_the_test_files_that_import_it(tmp_path):
-    tests = mutate.test_map(mutate.ROOT, ["buffers/sumtree.py", "agents/muesli/targets.py", "rl/learning/targets.py"])
+    tests = selection.test_map(ROOT, ["buffers/sumtree.py", "agents/muesli/targets.py", "rl/learning/targets.py"])
     assert tests["buffers/sumtree.py"][0] == "tests/buffers/test_sumtree.py"  # its own test file first
     assert "tests/buffers/test_prioritised.py" in tests["buffers/sumtree.py"]  # also imports buffers.sumtree
-    assert tests["agents/muesli/targets.py"] == list(mutate.MUESLI_TESTS)  # through the package: TESTS_OF
+    assert tests["agents/muesli/targets.py"] == list(selection.MUESLI_TESTS)  # through the package: TESTS_OF
     assert tests["rl/learning/targets.py"] == ["tests/rl/learning/test_targets.py"]
-    assert mutate.imported("from a.b import c, d as e\nimport f.g\ndef h():\n    from i import j\n") == {
+    assert selection.imported("from a.b import c, d as e\nimport f.g\ndef h():\n    from i import j\n") == {
         "a.b", "a.b.c", "a.b.d", "f.g", "i", "i.j"}
-    for path, files in (*mutate.TESTS_OF.items(), *mutate.ALSO_TESTS.items()):  # the tables follow the tree
-        assert (mutate.ROOT / path).is_file() and all((mutate.ROOT / f).is_file() for f in files), path
-    sebulba = mutate.test_map(mutate.ROOT, ["rl/runners/sebulba.py"])["rl/runners/sebulba.py"]
+    for path, files in (*selection.TESTS_OF.items(), *selection.ALSO_TESTS.items()):  # the tables follow the tree
+        assert (ROOT / path).is_file() and all((ROOT / f).is_file() for f in files), path
+    sebulba = selection.test_map(ROOT, ["rl/runners/sebulba.py"])["rl/runners/sebulba.py"]
     # the importing tests, then the multi-process tests that run it in subprocesses
     assert sebulba[0] == "tests/rl/runners/test_sebulba.py" and sebulba[-1] == "tests/rl/infra/test_multiprocess.py"
