@@ -15,7 +15,7 @@ Columns per way: median wall ms/step over the repeats (the issue's measure), the
 process CPU ms/step; on a shared machine wall >> cpu means the run mostly waited for other jobs, and the
 targets are judged on all three. Impls whose states fit together in --interleave-gib are timed round-robin.
 
-Findings (lab notes from past runs, e.g. the flashbax "cliff"): scripts/BENCH_FINDINGS.md.
+What makes ours fast on XLA:CPU, and what flashbax's prioritised buffer does there: docs/benchmarks.md.
 
 dejax 0.1.3's sample calls the removed `jnp.alltrue`: plain dejax is reported as FAILED with the error;
 a separately labelled "dejax (patched alltrue)" run aliases `jnp.alltrue = jnp.all` only while tracing
