@@ -124,9 +124,8 @@ class Packing:
 
         For windows of consecutive rows (sequences): a window's rows share a few cache lines, which every
         leaf's gather then reads warm, and each leaf is gathered straight into its own dtype, with no
-        `[*I, W]` copy to unpack (L80 sequences as separate calls: 192 vs 229 us, equal in a loop); a leaf
-        nobody reads is never gathered. For scattered rows `take` is 2x faster (one cache miss per row
-        instead of one per leaf).
+        `[*I, W]` copy to unpack; a leaf nobody reads is never gathered. For scattered rows `take` is faster
+        (one cache miss per row instead of one per leaf).
         """
         dn = jax.lax.GatherDimensionNumbers(offset_dims=(indices.ndim,), collapsed_slice_dims=(0,),
                                             start_index_map=(0, 1))

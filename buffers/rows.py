@@ -10,7 +10,7 @@ of env `e` (the a-th step ever written to that row, from 0) lives at `[e, a % T]
 Rows read in windows of up to L steps (sequence buffers) are laid out for it (`init_rows(..., window=L)`):
 every leaf in its own array, and each row `[T + M]` long with `M = L - 1`, its first M positions repeated
 at `[T, T + M)` (written twice). Every window is then L contiguous steps of each leaf, gathered as one
-slice per window instead of one index per step (64 x 80 CartPole windows: ~40 instead of ~60 us).
+slice per window instead of one index per step, which XLA:CPU gathers faster.
 `state.data` shows positions `[0, T)` only.
 
 `online_start [E]` is a second pointer over the same rows (the absolute step where the not-yet-consumed

@@ -210,7 +210,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         return hydra_compose(config_name, overrides=list(overrides))
 
 
-RENAMED = {"env.batch_size": "env.envs_per_recv"}  # old key -> its name now (Nov 2026: it was read as the learner's)
+RENAMED = {"env.batch_size": "env.envs_per_recv"}  # old key -> its name (the old one read as the learner's batch)
 
 
 def current_names(config: dict) -> dict:

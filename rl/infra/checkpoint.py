@@ -121,7 +121,8 @@ def read_meta(path: str | Path) -> dict:
 
 def _spelled_alike(path: str) -> str:
     """A leaf path with dict keys spelled as attributes (`['agent']` -> `.agent`): a state kept as a dict
-    before and as a dataclass now (Sebulba's, until Nov 2026) has the same leaves in the same order."""
+    in one checkpoint and as a dataclass in another (Sebulba's state in older runs) has the same leaves in the
+    same order."""
     return re.sub(r"\['(\w+)'\]", r".\1", path)
 
 

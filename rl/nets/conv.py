@@ -2,12 +2,11 @@
 
 Why: XLA:CPU's convolution is fast on its own, but the convolutions that compute its gradient are very slow
 inside a loop (`lax.scan`/`fori_loop`, where every runner and agent here takes its train steps), and so is
-`nn.max_pool`'s gradient (select-and-scatter). Batch-64 Adam steps inside a `fori_loop`, native vs this
-module, on a 2-core CPU shared with other jobs (`python -m scripts.bench_conv`, medians): MinAtar CNN
-10.4 vs 2.1 ms (4.9x), Nature CNN 2639 vs 111 ms (24x), IMPALA CNN (84x84) 21959 vs 2079 ms (10.6x).
-Caveat: a gradient step jitted on its own, *outside* any loop, is slower this way for the big torsos
-(Nature 101 vs 188 ms, IMPALA 1183 vs 2458 ms; MinAtar 2.6 vs 2.2 ms): there XLA's own conv gradient is
-fast. Use `conv_impl("native")` around such code if it matters. Forward passes (acting) are unchanged.
+`nn.max_pool`'s gradient (select-and-scatter); this module's gradient steps inside a loop are several to tens
+of times faster for the MinAtar, Nature and IMPALA torsos (`python -m scripts.bench_conv`; docs/benchmarks.md).
+Caveat: a gradient step jitted on its own, *outside* any loop, is slower this way for the big torsos: there
+XLA's own conv gradient is fast. Use `conv_impl("native")` around such code if it matters. Forward passes
+(acting) are unchanged.
 
 What: on the CPU backend (`jax.default_backend() == "cpu"`, decided when the function is traced)
 `conv2d` and `max_pool` are `jax.custom_vjp`s whose primal is XLA's own op (an undifferentiated forward
@@ -111,7 +110,7 @@ def _im2col_conv(x, kernel, strides, pads, precision):
         kernel = kernel.reshape(kh, kw, c, f)
         x = lax.optimization_barrier(x)  # materialise the blocks: fused into the slices they are slow
     taps, _, _ = _taps(x, (kh, kw), (sh, sw))
-    # Stacked on a new axis then merged: on XLA:CPU ~4x faster than concatenating on the channel axis.
+    # Stacked on a new axis then merged: XLA:CPU runs this much faster than a concatenation on the channel axis.
     cols = jnp.stack(taps, axis=-2).reshape(taps[0].shape[:-1] + (kh * kw * c,))
     return jnp.dot(cols, kernel.reshape(kh * kw * c, f), precision=precision)
 

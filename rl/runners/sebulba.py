@@ -174,9 +174,8 @@ class Sebulba:
     def publish(self, agent_state) -> dict:
         """A copy of the learner's agent state on every actor device (the learner donates its own), waited
         for: the learner thread blocks on its update once per `sync_interval` chunks, so the actors always
-        act with finished parameters and overlap the next update (tried: not waiting let the actors' next
-        rollouts wait on the update in flight instead; no clear gain in noisy measurements on 2 loaded
-        cores, and the learner's time split is no longer observable from the host)."""
+        act with finished parameters and overlap the next update (not waiting would make the actors' next
+        rollouts wait on the update in flight instead, and hide the learner's time split from the host)."""
         copy = self._local(self.copy(agent_state))
         values = [jax.device_put(copy, d) for d in self.actor_devices]
         return dict(zip(self.actor_devices, jax.block_until_ready(values)))

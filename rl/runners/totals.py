@@ -26,8 +26,8 @@ from rl.runners.guard import NOT_SEEN
 
 @struct.dataclass
 class Totals:
-    """Packed in a few arrays (one add per kind of sum per step: on CPU each separate small sum was a kernel of
-    its own, ~21 of 145 us per one-seed DQN CartPole iteration); read through the named views below."""
+    """Packed in a few arrays, one add per kind of sum per step (on CPU each separate small sum would be a kernel
+    of its own, a large share of a small agent's iteration); read through the named views below."""
 
     episode_sums: jax.Array  # [S, 3] f32: episodes ended, the sum of their returns, of their lengths
     updates: jax.Array  # [S] i32 train steps taken
