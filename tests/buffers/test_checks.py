@@ -81,7 +81,7 @@ def test_dtype_mismatch_names_leaf_and_dtypes():
 def test_64_bit_numpy_leaves_are_taken_as_jit_takes_them():
     """The dtype rule (checks.py): NumPy float64 / int64 count as float32 / int32 (x64 off), eagerly exactly as
     under jit, which converts them before any check could see them; other mismatches name the leaf and the
-    dtype received (a float64 array used to be reported as float32)."""
+    dtype received (a float64 array is reported as float64, not as the float32 jit would make it)."""
     from buffers.rows import make_row_buffer
 
     buf = make_row_buffer(2, 4)

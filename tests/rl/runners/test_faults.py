@@ -209,8 +209,8 @@ def test_signal_inside_a_log_interval_keeps_its_sums_and_resumes_bit_exact(tmp_p
 
 def test_signal_while_processes_agree_is_not_lost(tmp_path, monkeypatch):
     """A SIGTERM that lands while the host loop waits in `distributed.agree` (where a process of a multi-process
-    run spends its time waiting for the others) stops the run after the next call; it used to be overwritten
-    by the agreement's answer, computed before it came, and the run went on to the end."""
+    run spends its time waiting for the others) stops the run after the next call: the agreement's answer,
+    computed before the signal came, must not overwrite it."""
     from rl.infra import distributed
     from rl.runners import loop
     from rl.runners.loop import Preempted
