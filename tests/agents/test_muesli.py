@@ -568,17 +568,22 @@ def test_hydra_presets():
 def test_cartpole_reaches_475_within_500k_steps_on_3_seeds(tmp_path):
     """`python -m scripts.train agent=muesli env=cartpole seeds=3`: every seed's mean training return over a
     log interval (10k env steps) reaches 475 within 500k env steps."""
+    import csv
+
     from rl.config import compose
-    from scripts.muesli_experiments import summary
     from scripts.train import run
 
     cfg = compose(["agent=muesli", "env=cartpole", "seeds=3", "total_steps=500000", "logger=none",
                    "checkpoint.enabled=false", "eval_episodes=0"])
     run(cfg, tmp_path)
-    rows = summary(tmp_path, threshold=475.0)
-    print("per seed:", rows)
-    assert len(rows) == 3
-    assert all(r["first_step_at_threshold"] is not None for r in rows), rows
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    best = {}  # seed -> its best logged mean training return
+    for r in rows:
+        if r["episode_return"]:
+            best[r["seed"]] = max(best.get(r["seed"], -np.inf), float(r["episode_return"]))
+    print("best logged return per seed:", best)
+    assert len(best) == 3 and min(best.values()) >= 475.0, best
 
 
 @pytest.mark.slow
