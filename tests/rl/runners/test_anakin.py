@@ -187,7 +187,7 @@ def test_agent_state_is_one_rows_state_without_the_seed_axis(tiny_cfg):
 
 def test_the_train_step_is_traced_once_per_runner(tiny_cfg):
     """Restoring or evaluating traces no train step; the totals' metric names and the chunk share one trace of
-    it (jitted `Anakin.train`; Muesli's costs ~3 s on this CPU)."""
+    it (jitted `Anakin.train`: a trace of Muesli's step takes seconds)."""
     traced = []
 
     class Traced(CountingAgent):
