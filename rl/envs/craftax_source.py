@@ -1,0 +1,63 @@
+"""Craftax (Classic and full) as an Anakin source (`env.source=craftax`, `pip install -e ".[craftax]"`).
+
+Tasks: `Craftax-Classic-Symbolic-v1` (observations `[1345]` float32, 17 actions, 10k-step episodes),
+`Craftax-Symbolic-v1` (`[8268]` float32, 43 actions, 100k steps) and their `-Pixels-` versions (images
+`[H, W, 3]` float32 in [0, 1]), dtype kept. The envs are the library's no-auto-reset ones (gymnax's
+`reset_env`/`step_env`; rl/envs/jax_envs.py resets). Craftax's `done` joins death (and, in full Craftax,
+beating the final boss) with the time limit; the source splits them: terminated where the game is over
+without the time limit, truncated where only `max_timesteps` ended it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, gymnax_style, require
+
+RUNNER = "anakin"  # steps these envs inside its jitted loop (rl/runners/anakin.py)
+TASKS = ("Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1", "Craftax-Classic-Pixels-v1", "Craftax-Pixels-v1")
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """`configs/env/craftax/*.yaml`."""
+
+    source: str = "craftax"
+    id: str = "Craftax-Classic-Symbolic-v1"  # one of TASKS
+    family: str | None = "vector"  # the agents' preset it takes (rl.config.ENV_FAMILIES)
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # EnvParams overrides, e.g. {max_timesteps: 100}
+
+    def __post_init__(self):
+        if self.source != "craftax":
+            raise ValueError(f"env.source must be 'craftax' for a Craftax env config, got {self.source!r}")
+        check_id("craftax", self.id, TASKS)
+
+
+def single_env(cfg: EnvConfig) -> SingleEnv:
+    """One Craftax env of `cfg` without auto-reset (the `SingleEnv` contract)."""
+    import jax.numpy as jnp
+
+    make = require("craftax.craftax_env", "craftax").make_craftax_env_from_name
+    env = make(cfg.id, auto_reset=False)
+    params = env.default_params
+    if cfg.params:
+        unknown = sorted(set(cfg.params) - set(params.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"env.params: {unknown} are not parameters of {cfg.id}; "
+                             f"known: {sorted(params.__dataclass_fields__)}")
+        params = params.replace(**cfg.params)
+
+    def split(state, done, info):
+        over = env.is_terminal(state.replace(timestep=jnp.zeros_like(state.timestep)), params)
+        return done & over, done & ~over
+
+    return gymnax_style(env, params, cfg.id, split, int(params.max_timesteps))
+
+
+def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> JaxEnvSource:
+    """The source of an `EnvConfig` (or its yaml section); the registry's contract (rl/envs/__init__.py).
+    `seed` and `envs_per_recv` are unused: the envs draw from the keys `reset`/`step` take."""
+    from rl.config import to_dataclass
+
+    return JaxEnvSource(single_env(to_dataclass(EnvConfig, env_cfg, "env")), num_envs)

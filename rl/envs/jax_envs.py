@@ -1,0 +1,128 @@
+"""JAX env libraries (XLand-MiniGrid, navix, Craftax, POPGym Arcade) as batched, auto-resetting, jittable
+sources for the Anakin runner: the one contract their adapters (`rl/envs/<lib>_source.py`) fill in.
+
+An adapter describes ONE env of its library, without auto-reset, as a `SingleEnv`:
+
+    reset(key) -> (state, obs [*obs_shape])
+    step(key, state, action [] int32) -> (state, obs [*obs_shape], reward [], terminated [] bool, truncated [] bool)
+
+`JaxEnvSource(single, num_envs)` is then the source the registry expects (rl/envs/__init__.py), with the
+surface of `rl.envs.gymnax_source.GymnaxSource`: `reset`/`step` vmapped over `E = num_envs` envs and pure
+(usable inside jit / scan / vmap over seeds):
+
+    reset(key) -> (env_state, obs [E, *obs_shape])
+    step(env_state, action [E], key) -> (env_state, Timestep)
+
+Where an episode ends (`terminated | truncated`) the env restarts from a fresh `reset` drawn from the step's
+key: `Timestep.obs` is the new episode's first observation and `Timestep.next_obs` the observation the action
+led to, so a truncated step bootstraps from it and only `terminated` stops bootstrapping. Termination and
+truncation stay apart (each adapter reads them from its library), observations keep the library's dtype
+(uint8 grids and pixels stay uint8), rewards are float32. Episode returns and lengths are the runner's
+(`rl.envs.episodes.EpisodeStats`).
+
+Helpers for adapters: `require` imports a library or fails with one line naming its extra, `check_id` refuses
+an unknown task id with one line, `discrete_actions` refuses a non-discrete action space with one line,
+`gymnax_style` builds a `SingleEnv` from a library with gymnax's `reset_env`/`step_env` API (Craftax, POPGym
+Arcade).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rl.config import ConfigError
+from rl.envs.gymnax_source import Timestep
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleEnv:
+    """One env of a library, unbatched and without auto-reset (the adapter's part of the contract)."""
+
+    name: str  # the task id, for messages
+    num_actions: int
+    reset: Callable[[jax.Array], tuple[Any, jax.Array]]
+    step: Callable[[jax.Array, Any, jax.Array], tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]]
+    max_episode_steps: int | None  # the library's time limit (greedy evaluation stops there), None: unknown
+
+
+class JaxEnvSource:
+    """`num_envs` copies of one `SingleEnv`, vmapped, with auto-reset (the module docstring's contract)."""
+
+    def __init__(self, env: SingleEnv, num_envs: int):
+        self.env, self.num_envs = env, int(num_envs)
+        self.num_actions = int(env.num_actions)
+        self.max_episode_steps = env.max_episode_steps
+        obs = jax.eval_shape(lambda k: env.reset(k)[1], jax.random.PRNGKey(0))
+        self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
+
+    def reset(self, key: jax.Array):
+        state, obs = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
+        return state, obs
+
+    def _step_one(self, key: jax.Array, state, action: jax.Array):
+        k_step, k_reset = jax.random.split(key)
+        state, next_obs, reward, terminated, truncated = self.env.step(k_step, state, action)
+        next_obs = next_obs.astype(self.obs_dtype)
+        terminated, truncated = jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)
+        fresh_state, fresh_obs = self.env.reset(k_reset)
+        done = terminated | truncated
+        state = jax.tree_util.tree_map(lambda f, s: jnp.where(done, f, s), fresh_state, state)
+        obs = jnp.where(done, fresh_obs.astype(self.obs_dtype), next_obs)
+        ts = Timestep(obs=obs, reward=jnp.asarray(reward, jnp.float32), terminated=terminated,
+                      truncated=truncated & ~terminated, next_obs=next_obs)
+        return state, ts
+
+    def step(self, env_state, action: jax.Array, key: jax.Array):
+        keys = jax.random.split(key, self.num_envs)
+        return jax.vmap(self._step_one)(keys, env_state, action.astype(jnp.int32))
+
+
+def require(module: str, source: str):
+    """Import the library `module` of the source `source`, or fail with one line naming its extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"env.source={source}: the {module} library is not installed ({e}); "
+                          f'pip install -e ".[{source}]"') from None
+
+
+def check_id(source: str, env_id: str, known: Sequence[str]) -> None:
+    """Refuse a task id the library does not register, with one line listing the ones it does."""
+    if env_id not in known:
+        raise ValueError(f"env.id={env_id!r} is not a {source} task; known ids: {', '.join(known)}")
+
+
+def discrete_actions(env_id: str, space: Any) -> int:
+    """The number of actions of a discrete action space (gymnax's `Discrete(n)`, navix's `Discrete` of
+    shape ()); anything else is refused with one line."""
+    n = getattr(space, "n", None)
+    if type(space).__name__ == "Discrete" and n is None and tuple(getattr(space, "shape", (1,))) == ():
+        n = int(space.maximum) + 1  # navix: Discrete.create(n) spans 0..n-1
+    if type(space).__name__ != "Discrete" or n is None:
+        raise ValueError(f"{env_id}: only discrete action spaces are supported, got {type(space).__name__}")
+    return int(n)
+
+
+def gymnax_style(env, params, name: str, split: Callable, max_episode_steps: int | None) -> SingleEnv:
+    """A `SingleEnv` of a gymnax-API env (`reset_env(key, params)`, `step_env(key, state, action, params)
+    -> (obs, state, reward, done, info)`, the steps without gymnax's own auto-reset);
+    `split(state, done, info) -> (terminated, truncated)` tells the two apart for its library."""
+
+    def reset(key):
+        obs, state = env.reset_env(key, params)
+        return state, obs
+
+    def step(key, state, action):
+        obs, state, reward, done, info = env.step_env(key, state, action, params)
+        terminated, truncated = split(state, jnp.asarray(done, bool), info)
+        return state, obs, reward, terminated, truncated
+
+    return SingleEnv(name=name, num_actions=discrete_actions(name, env.action_space(params)),
+                     reset=reset, step=step,
+                     max_episode_steps=max_episode_steps)

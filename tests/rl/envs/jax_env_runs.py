@@ -1,0 +1,56 @@
+"""Shared by the JAX-library source tests (tests/rl/envs/test_<lib>_source.py): stepping a source from the
+host, and a small end-to-end run (`smoke`): tiny network, a few hundred env steps, 2 vmapped seeds, a greedy
+evaluation during training and after it."""
+
+from __future__ import annotations
+
+import csv
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agents.experiment import run
+from agents.setup import compose
+
+TINY = {  # per agent: its option and overrides for a tiny network and a buffer that trains within the run
+    "dqn": ["agent=dqn", "agent.network.torso=mlp", "agent.network.hidden_sizes=[16]", "agent.learning_starts=64",
+            "agent.batch_size=8", "agent.buffer_size=256", "agent.target_update_period=5"],
+    "r2d2": ["agent=r2d2_small", "agent.network.hidden_sizes=[16]", "agent.network.head_hidden=[16]",
+             "agent.lstm_size=16", "agent.sequence_length=8", "agent.burn_in=2", "agent.period=4",
+             "agent.batch_size=4", "agent.learning_starts=64", "agent.buffer_size=512", "agent.train_interval=8"],
+    "muesli": ["agent=muesli_small", "agent.network.hidden_sizes=[16]", "agent.network.state_dim=16",
+               "agent.network.model_hidden=[16]", "agent.network.head_hidden=[16]", "agent.batch_size=4",
+               "agent.sequence_length=8", "agent.learning_starts=96", "agent.buffer_size=1024"],
+}
+
+
+def rollout(source, actions, key):
+    """Step `source` with `actions [T, E]` from a reset drawn from `key`: (first obs, [Timestep] of each step)."""
+    k0, key = jax.random.split(key)
+    state, obs = jax.jit(source.reset)(k0)
+    step, out = jax.jit(source.step), []
+    for a in actions:
+        key, k = jax.random.split(key)
+        state, ts = step(state, jnp.asarray(a, jnp.int32), k)
+        out.append(jax.device_get(ts))
+    return obs, out
+
+
+def smoke(run_dir, env: list[str], agent: str = "dqn", total_steps: int = 256, *extra: str) -> dict:
+    """Train `agent` (TINY) on `env` (overrides) for `total_steps` env steps per seed on 2 seeds of 4 envs,
+    with a greedy evaluation half way and at the end; checks that training ran, logged finite losses and
+    evaluated 2 episodes per seed. Returns `agents.experiment.run`'s result."""
+    cfg = compose([*TINY[agent], *env, "logger=none", "seeds=2", "num_envs=4",
+                   f"total_steps={total_steps}", f"log_interval={total_steps // 2}",
+                   f"eval_interval={total_steps // 2}", "eval_episodes=2", *extra])
+    res = run(cfg, run_dir)
+    assert res["env_steps"] == total_steps
+    assert int(np.min(np.asarray(res["state"][0].agent.updates))) > 0  # both seeds trained
+    evals = np.asarray(res["eval_returns"])
+    assert evals.shape == (2, 2) and np.isfinite(evals).all(), evals
+    with open(f"{run_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert np.isfinite([float(r["train/loss"]) for r in rows if r.get("train/loss")]).all()
+    assert any(r.get("eval_return") for r in rows[:2]), rows[0]  # the greedy evaluation during training
+    return res
