@@ -169,8 +169,9 @@ class DQN(StepFormat):
                                                       jnp.abs(td) + cfg.priority_epsilon)
         count = state.updates + 1
         target_params = update_target(state.target_params, params, count, cfg.target_update_period, hp["tau"])
-        metrics = {"loss": jnp.mean(td_loss(td, cfg.loss, hp["huber_delta"])), "q": jnp.mean(q_taken),
-                   "abs_td": jnp.mean(jnp.abs(td))}
+        # One reduction for the three means (XLA:CPU runs each reduction as a kernel of its own).
+        loss, q, abs_td = jnp.mean(jnp.stack([td_loss(td, cfg.loss, hp["huber_delta"]), q_taken, jnp.abs(td)]), -1)
+        metrics = {"loss": loss, "q": q, "abs_td": abs_td}
         state = TargetNetState(params=params, target_params=target_params, opt_state=opt_state, updates=count)
         return (state, buffer_state), metrics
 

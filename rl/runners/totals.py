@@ -65,7 +65,8 @@ class Totals:
         taken = jnp.asarray(taken)
         S = self.updates.shape[0]
         per_seed = lambda x, dtype: jnp.broadcast_to(jnp.asarray(x, dtype), (S,))
-        values = jnp.stack([per_seed(metrics[k], jnp.float32) for k in self.metric_names], -1)
+        values = jnp.stack([per_seed(metrics[k], jnp.float32) for k in self.metric_names], -1) if \
+            self.metric_names else jnp.zeros((S, 0), jnp.float32)
         taken_s = per_seed(taken, bool)[:, None]
         summed = self.metric_sums + jnp.where(taken_s, values, 0.0)
         flags = jnp.stack([per_seed(bad[k], bool) for k in self.bad_names], -1) if self.bad_names else \

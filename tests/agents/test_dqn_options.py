@@ -163,6 +163,30 @@ def test_updates_per_train_makes_that_many_gradient_steps():
     assert np.abs(biases[0] - biases[2]).max() > 1e-4  # one update would not do
 
 
+def test_logged_metrics_are_the_mean_over_the_updates_of_a_train_step():
+    """`updates_per_train=3`: the train step's `loss`, `q` and `abs_td` are the means over its 3 updates of
+    each update's values, computed here with NumPy from the batch that update sampled (the last update's values
+    alone are far from them: SGD moves the params between updates); `epsilon` is the one after the step."""
+    agent = _agent(updates_per_train=3, loss="mse", optim={"name": "sgd", "lr": 0.5})
+    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    buf = _filled(agent)
+    key = jax.random.PRNGKey(4)
+    _, _, metrics = jax.jit(agent.train_step)(state, buf, key)
+    update, sample = jax.jit(agent._update), jax.jit(lambda b, k: agent.buffer.sample(b, k, 8, 0.99))
+    manual, per_update = (state, buf), []
+    for k in jax.random.split(key, 3):
+        s, batch = manual[0], sample(manual[1], k)
+        _, _, td, _ = _np_loss_and_grad(s.params, s.target_params, batch, loss="mse", double_q=True, beta=None)
+        q_taken = _np_q(s.params, np.asarray(batch.obs, np.float64))[np.arange(8), np.asarray(batch.action)]
+        per_update.append([np.mean(0.5 * td**2), np.mean(q_taken), np.mean(np.abs(td))])
+        manual, _ = update(manual, k)
+    expected, last = np.mean(per_update, 0), np.asarray(per_update[-1])
+    got = np.array([float(metrics[k]) for k in ("loss", "q", "abs_td")])
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    assert np.abs(last - expected).max() > 1e-2 * np.abs(expected).max()  # the last update's would fail
+    assert float(metrics["epsilon"]) == pytest.approx(float(agent.epsilon(manual[0])))
+
+
 @pytest.mark.parametrize("eval_epsilon", [0.0, 0.3, 1.0])
 def test_act_uses_the_online_params_and_the_right_epsilon(eval_epsilon):
     """act's greedy action is the argmax of the ONLINE params (a target net that disagrees on many
