@@ -5,9 +5,14 @@ Every agent is a module or package `agents/<name>` exposing its `Config` datacla
 its checks) and `make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Agent` (see
 rl/learning/agent.py), optionally `POPULATION_KEYS` (`population_keys`) and `POPULATION_BOUNDS`
 (`population_bounds`), and optionally its presets in `agents/<name>.yaml` (`families: {env family: preset}`,
-`presets: {name: the keys that differ from Config's defaults}`). Importing this registry imports every agent
-and stores its hydra options (`agent=<name>`, sized by the env's family, and `agent=<name>_<preset>`;
-rl.presets.register_agent), so `agent=<name>` works on every env with nothing else to edit.
+`presets: {name: the keys that differ from Config's defaults}`). `register()` (run by agents.setup.setup,
+not on import) imports every agent and stores its hydra options (`agent=<name>`, sized by the env's family,
+and `agent=<name>_<preset>`; rl.presets.register_agent), so `agent=<name>` works on every env with nothing
+else to edit.
+
+The application layer lives beside the agents, above them (`APPLICATION`: agents/setup.py, the set-up step and
+config composition; agents/experiment.py, the wiring and the Python API): these are not agents, the registry
+never lists or loads them, and no agent imports them.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from rl.config import ConfigError, to_dataclass
 from rl.presets import env_families, register_agent
 
+APPLICATION = ("experiment", "setup")  # modules of this package that are the application layer, not agents
+
 
 def available_agents() -> list[str]:
-    """Names of the agents (the modules and packages of this package)."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    """Names of the agents (the modules and packages of this package but `APPLICATION`)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if not m.name.startswith("_") and m.name not in APPLICATION)
 
 
 def presets_file(module: Any) -> Path:
@@ -35,9 +43,10 @@ def presets_file(module: Any) -> Path:
     return (path.parent if path.name == "__init__.py" else path.with_suffix("")).with_suffix(".yaml")
 
 
-def _register() -> dict[str, str]:
-    """Store every agent's hydra options (rl.presets.register_agent); option -> agent. Two agents claiming one
-    option name (agent `a` with a preset `b`, and an agent `a_b`) are refused naming both."""
+def register() -> dict[str, str]:
+    """Store every agent's hydra options (rl.presets.register_agent); returns option -> agent. Two agents
+    claiming one option name (agent `a` with a preset `b`, and an agent `a_b`) are refused naming both.
+    Idempotent: a second call stores the same nodes again."""
     families, owner = env_families(), {}
     for name in available_agents():
         module = importlib.import_module(f"agents.{name}")
@@ -92,6 +101,3 @@ def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_action
     module = importlib.import_module(f"agents.{cfg.name}")
     return module.make_agent(cfg, obs_shape=tuple(obs_shape), obs_dtype=obs_dtype, num_actions=int(num_actions),
                              num_envs=int(num_envs))
-
-
-OPTIONS = _register()  # `agent=<option>` -> the agent it composes

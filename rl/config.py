@@ -6,7 +6,9 @@
   (the env-source registry) and `agents.agent_config` (the agents registry) turn the yaml section into that
   dataclass, rejecting unknown keys, wrong types and bad values (in the dataclass's `__post_init__`) with a
   `ConfigError` naming the section (`to_dataclass`).
-* `validate(cfg)` runs all of these; scripts call it before building anything.
+* `validate(cfg)` (agents/experiment.py) runs all of these; scripts call it before building anything.
+* `store_schema()` stores `TrainConfig` for hydra; agents.setup.setup calls it, and `agents.setup.compose`
+  composes a config as the command line does.
 * Agent presets (`agent=<name>_<preset>`, the env family's preset for `agent=<name>`): rl/presets.py.
 """
 
@@ -20,8 +22,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rl.infra.distributed import DistributedConfig, MeshConfig
-
 WANDB_MODES = ("offline", "online", "disabled")
 # Keys that may differ between a run and its resumption (they do not change what is computed).
 # `env.family` only picks the agent's preset, whose keys are compared themselves (runs saved before it existed lack it).
@@ -33,6 +33,32 @@ ENV_FAMILIES = ("vector", "minatar", "atari")
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names it."""
+
+
+@dataclasses.dataclass
+class MeshConfig:
+    """`mesh` section: which devices the Anakin runner uses (rl/infra/sharding.py).
+
+    devices: devices used in all (over all hosts); null = every device (`jax.device_count()`).
+    seed_devices: how many of them split the vmapped seeds; the rest (`devices / seed_devices`) split
+        envs, buffer and batch of each seed.
+    """
+
+    devices: int | None = None
+    seed_devices: int = 1
+
+
+@dataclasses.dataclass
+class DistributedConfig:
+    """`distributed` section: the multi-host start (rl/infra/distributed.py's docstring lists the keys)."""
+
+    enabled: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: list[int] | None = None
+    cluster_detection_method: str | None = None
+    initialization_timeout: int = 300
 
 
 @dataclasses.dataclass
@@ -76,9 +102,9 @@ class TrainConfig:
     # env steps between greedy evaluations during training (logged as eval_return); 0: off; null: the runner's
     # default (rl/runners/loop.py:eval_every: a tenth of the run on gymnax envs, off on envpool)
     eval_interval: int | None = None
-    resume: str | None = None  # a run dir to resume from (its saved config is used; see rl/experiment.py)
+    resume: str | None = None  # a run dir to resume from (its saved config is used; see agents/experiment.py)
     on_nonfinite: str = "stop"  # NaN/Inf in a train metric or the params: stop (error) | skip the update
-    # population.agent.<key>=[v1, v2, ...]: a hyperparameter population in one program (rl/experiment.py)
+    # population.agent.<key>=[v1, v2, ...]: a hyperparameter population in one program (agents/experiment.py)
     population: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -89,10 +115,10 @@ def _schema():
     return node
 
 
-ConfigStore.instance().store(name="base_config", node=_schema())
-# hydra 1.3 deep-copies the ConfigStore (every agent's options) on each compose: half of its time. As on hydra's main
-# (facebookresearch/hydra#2928) copies read the live store; `ConfigStore.load` still hands out copies of nodes.
-ConfigStore.__deepcopy__ = lambda self, memo: self
+def store_schema() -> None:
+    """Store `TrainConfig` in hydra's ConfigStore as `base_config` (configs/config.yaml's first default);
+    idempotent (agents.setup.setup calls it)."""
+    ConfigStore.instance().store(name="base_config", node=_schema())
 
 
 def to_dataclass(cls: type, section: Any, where: str):
@@ -116,7 +142,7 @@ def _positive(cfg: DictConfig, key: str, minimum: int = 1) -> None:
 
 def check_top_level(cfg: DictConfig) -> TrainConfig:
     """Check the keys every run shares; returns them typed, with `agent` and `env` left empty
-    (rl.experiment.validate types those)."""
+    (agents.experiment.validate types those)."""
     top = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("agent", "env")}
     typed = to_dataclass(TrainConfig, {**top, "agent": {}, "env": {}}, "config")  # unknown keys (`+foo=1`) refused
     for key in ("seeds", "total_steps", "num_envs", "log_interval"):
@@ -195,21 +221,6 @@ def resume_config(saved: dict, cfg: DictConfig, overrides: list[str] | tuple[str
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
-    """The config `python -m scripts.train <overrides>` would use (hydra's compose API, no run dir)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    problem = refused_override(overrides)
-    if problem:
-        raise ConfigError(problem)
-    if config_name == "config" and not _stored("agent"):
-        raise ConfigError("no agent configs are registered in hydra's ConfigStore: import the agents registry "
-                          "(`import agents`, or rl.experiment) before composing")
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR), job_name="compose"):
-        return hydra_compose(config_name, overrides=list(overrides))
-
-
 RENAMED = {"env.batch_size": "env.envs_per_recv"}  # old key -> its name (the old one read as the learner's batch)
 
 
@@ -237,11 +248,3 @@ def refused_override(overrides: list[str] | tuple[str, ...]) -> str | None:
                     f"is composed); for another preset on any env choose agent=<agent>_<preset>, e.g. "
                     f"agent=dqn_minatar")
     return None
-
-
-def _stored(group: str) -> list[str]:
-    """The options of `group` in hydra's ConfigStore (none if the group is not there)."""
-    try:
-        return sorted(n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml"))
-    except OSError:
-        return []

@@ -621,7 +621,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    unrolled = xla_cpu.unroll_threefry()  # as every run of the framework (rl/experiment.py): same bits, fewer kernels
+    unrolled = xla_cpu.unroll_threefry()  # as every run of the framework (agents/experiment.py): same bits, fewer kernels
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} (threefry unrolled for every impl: {unrolled}); add {ADD} / sample {SAMPLE} per step "
           f"(sequences: {SEQ_ENVS} envs x 1 step, sample {SEQ_BATCH} x {SEQ_LEN}); "
           f"ms/step = median wall time (min; median process CPU time) over {args.repeats} runs of K={args.k} "

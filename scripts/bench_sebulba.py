@@ -92,8 +92,8 @@ def pipeline_sps(task: str, num_envs: int, batch: int, seconds: float, xla: bool
     """Env steps per second of a Sebulba session (actor thread + learner) over `seconds` after a warm-up.
     `xla=None`: the config's `env.xla` (auto). `stats`: filled with the session's time split over the window
     (`pipeline_stats`)."""
-    from rl.config import compose
-    from rl.experiment import build
+    from agents.experiment import build
+    from agents.setup import compose
 
     env_group = {"CartPole-v1": "cartpole", "Pong-v5": "pong", "Breakout-v5": "breakout"}.get(task, "cartpole")
     xla_opt = [] if xla is None else [f"env.xla={'on' if xla else 'off'}"]
@@ -154,8 +154,8 @@ def pipeline_stats(before: dict, after: dict, wall: float, threads: int) -> dict
 def anakin_sps(agent_name: str, num_envs: int, seconds: float, overrides: tuple[str, ...] = ()) -> float:
     """Training SPS of the Anakin runner, one seed on one device, `agent=<agent_name> env=cartpole` (gymnax
     CartPole-v1), over `seconds` after the compile and `learning_starts` (chunks of ~4k env steps)."""
-    from rl.config import compose
-    from rl.experiment import build
+    from agents.experiment import build
+    from agents.setup import compose
 
     cfg = compose([f"agent={agent_name}", "env=cartpole", f"num_envs={num_envs}", "agent.learning_starts=1000",
                    "mesh.devices=1", "seeds=1", "logger=none", *overrides])

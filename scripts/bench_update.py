@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rl.config import compose
-from rl.experiment import build, validate
+from agents.experiment import build, validate
+from agents.setup import compose
 from scripts.bench_train import Halves, _block
 
 CASES = {  # name -> training overrides (besides env and seeds)

@@ -62,7 +62,7 @@ import jax
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import compose
+from agents.setup import compose
 from rl.infra.sweep import RETURN_KEY, final_returns, read_metrics
 from scripts.plot import aggregate, collect_curves
 

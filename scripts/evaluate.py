@@ -1,7 +1,8 @@
 """Evaluate a trained run: `python -m scripts.evaluate <run dir> [--episodes K] [--seed N]`.
 
 Loads the run's config and newest checkpoint, runs K greedy episodes per trained seed and prints the
-returns (mean, std, min, max per seed). Works for runs of both sources. From Python: `rl.evaluate_run(run_dir, episodes)`.
+returns (mean, std, min, max per seed). Works for runs of both sources. From Python:
+`agents.experiment.evaluate_run(run_dir, episodes)`.
 
 `--video out.gif` (or `.mp4`) instead films K greedy episodes of one trained seed (`--trained-seed`, default 0)
 on one env, at most `--max-frames` frames, and prints the file, its frame count and the episodes' returns
@@ -12,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 
 import numpy as np
 
+from agents.experiment import evaluate_run, load_policy
+from agents.setup import setup
 from rl.config import ConfigError
 from rl.envs import env_config, video
-from rl.experiment import evaluate_run, load_policy
 from rl.infra import checkpoint
 from rl.infra.checkpoint import MissingCheckpoint
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> np.ndarray:
         parser.error("--episodes must be >= 1")
     if args.max_frames < 1:
         parser.error("--max-frames must be >= 1")
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    setup()
     try:
         if args.video:
             return _film(args)

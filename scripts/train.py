@@ -1,8 +1,9 @@
 """Train an agent: `python -m scripts.train agent=dqn env=cartpole [key=value ...]`.
 
-Builds the runner of `env.source` (gymnax -> Anakin, envpool -> Sebulba) through rl/experiment.py and
+Builds the runner of `env.source` (gymnax -> Anakin, envpool -> Sebulba) through agents/experiment.py and
 writes metrics, checkpoints and the learning curve into hydra's run directory (or, with `resume=<run dir>`,
-into that run's directory). Exit codes: 0 done; 1 a config or input error (one line, no traceback; set
+into that run's directory). The process is set up first (agents.setup.setup: the `agent=` options hydra
+composes from, ...). Exit codes: 0 done; 1 a config or input error (one line, no traceback; set
 HYDRA_FULL_ERROR=1 for one); 128 + signal number after SIGTERM/SIGINT/SIGUSR2, once the sub-chunk in
 progress (seconds) is checkpointed (the resume command is printed); 130 after a repeated Ctrl-C aborted the
 save (one line naming the newest checkpoint on disk, or that nothing was saved).
@@ -24,8 +25,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from agents.experiment import run
+from agents.setup import setup, unknown_key
 from rl.config import CONFIG_DIR, ConfigError, refused_override
-from rl.experiment import run
 from rl.infra.checkpoint import MissingCheckpoint
 from rl.infra.sweep import objective
 from rl.runners.loop import Aborted, Preempted
@@ -47,8 +49,8 @@ def group_choices(group: str) -> list[str]:
 
 def unknown_choice(argv: list[str]) -> str | None:
     """One line for an `agent=` / `env=` override that names no config (hydra's own message lists only the
-    top folder's files, not the envpool configs) or an override the config would not honour
-    (rl.config.refused_override), else None."""
+    top folder's files, not the envpool configs), an override the config would not honour
+    (rl.config.refused_override) or one of a key the config lacks (agents.setup.unknown_key), else None."""
     problem = refused_override(argv)
     if problem:
         return problem
@@ -61,7 +63,7 @@ def unknown_choice(argv: list[str]) -> str | None:
                              "preset of agents/<agent>.yaml on any env)"}.get(key, "")
             what = "an agent option" if key == "agent" else f"a config of configs/{key}/"
             return f"{key}={value} is not {what}; choose one of {group_choices(key)}{hint}"
-    return None
+    return unknown_key(argv)
 
 
 def _is_empty_run_dir(path: Path) -> bool:
@@ -97,6 +99,7 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    setup()
     problem = unknown_choice(sys.argv[1:])
     if problem and os.environ.get("HYDRA_FULL_ERROR") != "1":
         sys.exit(f"config error: {problem}")

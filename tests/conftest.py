@@ -1,4 +1,5 @@
-"""Shared test set-up: wandb never touches the network, absl/orbax stay quiet, compiled programs are
+"""Shared test set-up: the process set up as the entry points set it up (agents.setup.setup: the `agent=`
+options compose needs, quiet absl/orbax, ...), wandb never touches the network, compiled programs are
 cached on disk and built without LLVM's optimisations and with XLA:CPU's classic emitters (below), and a tiny
 DQN config for fast runs."""
 
@@ -31,12 +32,12 @@ if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
-logging.getLogger("absl").setLevel(logging.WARNING)
 
 import pytest
 
-import agents  # noqa: F401  (importing the agents registry stores the `agent=` options rl.config.compose needs)
-from rl.config import compose
+from agents.setup import compose, setup
+
+setup()
 
 # A DQN run on CartPole small enough to compile and run in seconds (episodes still end, updates happen).
 TINY_DQN = ["agent=dqn", "env=cartpole", "logger=none", "num_envs=4", "log_interval=200", "eval_episodes=2",

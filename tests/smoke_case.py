@@ -4,7 +4,7 @@
 
 for each case (e.g. gymnax:2, envpool:1) builds and initialises the run, trains until at least two train steps
 ran and checkpoints; then, unless the case ends in `:train`, resumes it from its checkpoint with `resume=<dir>`
-alone plus a higher total_steps (more train steps), and evaluates the saved run with `rl.evaluate_run` (as
+alone plus a higher total_steps (more train steps), and evaluates the saved run with `agents.experiment.evaluate_run` (as
 `python -m scripts.evaluate` does). Prints `CASE ... ok` lines; any failure exits non-zero with the traceback.
 """
 
@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from rl.config import compose
-from rl.experiment import evaluate_run, run
+from agents.experiment import evaluate_run, run
+from agents.setup import compose
 
 # Per agent config: overrides that let >= 2 train steps run early, the log interval L (a multiple of the
 # env steps per iteration, so every chunk of both runs is the same compiled program) and the two totals.

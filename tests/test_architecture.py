@@ -1,8 +1,10 @@
 """The README's architecture map holds: each folder imports only what its row allows (imports inside
-functions included), no module under rl/ but rl/experiment.py imports `agents`, and no module imports
-itself back through others (no cycle). Imports by name count too: a project module's dotted name in a
+functions included), nothing under rl/ imports `agents`, no two packages import each other, and no module
+imports itself back through others (no cycle). The layers: buffers <- rl <- agents <- the application layer
+(agents/setup.py, agents/experiment.py). Imports by name count too: a project module's dotted name in a
 string (a registry's `{"gymnax": "rl.envs.gymnax_source"}`) and an f-string prefix (`f"agents.{name}"`:
-every module under `agents`), as `importlib.import_module` loads them."""
+every module under `agents` but the application modules the registry never lists, `agents.APPLICATION`), as
+`importlib.import_module` loads them."""
 
 from __future__ import annotations
 
@@ -10,21 +12,26 @@ import ast
 import re
 from pathlib import Path
 
+import agents
+
 ROOT = Path(__file__).resolve().parents[1]
 # package prefix -> the project packages its modules may import (besides themselves)
 ALLOWED = {
     "buffers": set(),
     "rl.nets": set(),
     "rl.learning": set(),
+    "rl.config": set(),
     "rl.envs": {"rl.config"},
     "rl.infra": {"rl.config"},
-    "rl.config": {"rl.infra"},
     "rl.presets": {"rl.config"},
     "rl.runners": {"rl.envs", "rl.learning", "rl.infra", "rl.config"},
-    "rl.experiment": {"rl", "agents", "buffers"},
-    "rl": {"rl.experiment"},  # rl/__init__.py: the lazy entry points
+    "rl": set(),  # rl/__init__.py: its docstring only
     "agents": {"buffers", "rl.learning", "rl.nets", "rl.infra", "rl.config", "rl.presets"},
+    "agents.setup": {"agents", "rl.config", "rl.envs", "rl.infra"},
+    "agents.experiment": {"agents", "agents.setup", "buffers", "rl.config", "rl.envs", "rl.infra", "rl.learning",
+                          "rl.runners"},
 }
+APPLICATION = {f"agents.{name}" for name in agents.APPLICATION}
 PROJECT = ("rl", "agents", "buffers", "scripts", "configs", "tests")
 
 
@@ -55,7 +62,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
             prefix = str(node.values[0].value)  # f"agents.{name}": any module under agents
             if prefix.endswith(".") and prefix.split(".")[0] in ("rl", "agents", "buffers"):
-                out |= {m for m in MODULES if m.startswith(prefix)}
+                out |= {m for m in MODULES if m.startswith(prefix) and _package(m) not in APPLICATION}
     return {m for m in out if m.split(".")[0] in PROJECT}
 
 
@@ -71,23 +78,40 @@ def _edges(module: str) -> set[str]:
 
 
 def test_imports_follow_the_architecture_map():
+    """Each import is judged by the package (ALLOWED key) of the module it loads."""
     wrong = []
     for module, path in MODULES.items():
         own = _package(module)
         for imported in _imports(path):
-            target_ok = any(imported == a or imported.startswith(a + ".") for a in ALLOWED[own] | {own})
-            # `from rl import x` names a submodule: judge it by the submodule
-            if not target_ok and imported.count(".") >= 1 and imported.rsplit(".", 1)[0] in ("rl",):
-                target_ok = any(imported.startswith(a) for a in ALLOWED[own] | {own})
-            if not target_ok:
+            if imported.split(".")[0] in ("scripts", "configs", "tests") or _package(imported) not in ALLOWED[own] | {own}:
                 wrong.append(f"{module} imports {imported}")
     assert not wrong, "\n".join(wrong)
 
 
-def test_only_the_wiring_module_imports_agents():
+def test_nothing_under_rl_imports_agents():
     importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "rl").rglob("*.py")
                        if any(m.split(".")[0] == "agents" for m in _imports(p)))
-    assert importers == ["rl/experiment.py"], importers
+    assert importers == [], importers
+
+
+def _package_edges() -> set[tuple[str, str]]:
+    """`(a, b)` for every package `a` (an ALLOWED key) one of whose modules loads a module of package `b`."""
+    return {(_package(m), _package(n)) for m in MODULES for n in _edges(m) if _package(m) != _package(n)}
+
+
+def test_no_two_packages_import_each_other():
+    """The map and the code both: no pair of packages allows or makes imports both ways."""
+    allowed = {(a, b) for a, targets in ALLOWED.items() for b in targets}
+    for name, edges in (("ALLOWED", allowed), ("the imports", _package_edges())):
+        both = sorted({tuple(sorted(e)) for e in edges if e[::-1] in edges})
+        assert not both, f"{name}: two-way pairs {both}"
+
+
+def test_the_application_layer_is_above_the_agents():
+    """Nothing but the application layer loads it, and the agents registry never lists it."""
+    importers = {a for a, b in _package_edges() if b in APPLICATION}
+    assert importers <= APPLICATION, importers
+    assert not APPLICATION & {f"agents.{n}" for n in agents.available_agents()}
 
 
 def test_no_module_imports_itself_back():

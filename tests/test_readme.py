@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import compose
-from rl.experiment import validate
+from agents.experiment import validate
+from agents.setup import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -13,9 +13,9 @@ Every `EnvConfig` also has `family` (rl.config.ENV_FAMILIES: vector | minatar | 
 agent presets the env takes (configs/env/*.yaml declare it; rl.presets.register_agent reads it there);
 `env_config` checks its value.
 Modules are imported lazily (gymnax or envpool loads only when used) and do not import this registry back.
-gymnax imports seaborn and matplotlib.pyplot for its envs' `render` helpers alone (~1.7 s of every process
-start); importing this package puts stand-ins for them in `sys.modules` that import them on first use
-(`OnFirstUse`).
+gymnax imports seaborn and matplotlib.pyplot for its envs' `render` helpers alone (slow imports every process
+start would pay); `defer_plotting_imports()` (run by agents.setup.setup, never on import) puts stand-ins for them
+in `sys.modules` that import them on first use (`OnFirstUse`).
 A new source is its module (`<name>_source.py` with these three names), a yaml in configs/env/ and a test.
 """
 
@@ -44,12 +44,15 @@ class OnFirstUse(types.ModuleType):
         return getattr(real, attr)
 
 
-for _name in ("seaborn", "matplotlib.pyplot"):
-    if _name not in sys.modules:
-        sys.modules[_name] = _stand_in = OnFirstUse(_name)
-        _parent, _, _child = _name.rpartition(".")
-        if _parent:  # `import matplotlib.pyplot; matplotlib.pyplot.plot(...)` reads it on the package
-            setattr(importlib.import_module(_parent), _child, _stand_in)
+def defer_plotting_imports() -> None:
+    """Put an `OnFirstUse` stand-in for seaborn and matplotlib.pyplot in `sys.modules`, unless they are there
+    (idempotent)."""
+    for name in ("seaborn", "matplotlib.pyplot"):
+        if name not in sys.modules:
+            sys.modules[name] = stand_in = OnFirstUse(name)
+            parent, _, child = name.rpartition(".")
+            if parent:  # `import matplotlib.pyplot; matplotlib.pyplot.plot(...)` reads it on the package
+                setattr(importlib.import_module(parent), child, stand_in)
 
 
 def sources() -> dict[str, str]:

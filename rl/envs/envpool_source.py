@@ -32,10 +32,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-# envpool builds gymnasium Boxes from float64 bounds with a float32 dtype at every make: gymnasium warns
-# "Box low's/high's precision lowered by casting to float32" each time. Harmless; keep the console clean.
-warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered by casting", category=UserWarning)
-
 import envpool
 import jax
 import jax.numpy as jnp

@@ -17,7 +17,7 @@
   - envpool Atari (`[stack, 84, 84]` uint8 grey): the newest frame of the stack, 2x -> `[168, 168, 3]`.
   Every size divides by 8, so an MP4 is written unscaled.
 * `record(env_cfg, policy, episodes, seed, max_frames) -> Video`: one env stepped on the host, one step at a
-  time, acting with `policy` (`rl.load_policy`: `act(obs [1, ...], carry, key) -> (actions [1], carry)`,
+  time, acting with `policy` (`agents.experiment.load_policy`: `act(obs [1, ...], carry, key) -> (actions [1], carry)`,
   `initial_carry(1)`), for `episodes` whole episodes or until `max_frames` frames. A gymnax env contributes
   each episode's first observation and the observation each action led to (the terminal one included); an
   envpool env each recv's observation (Atari: a new life continues the game, the carry restarts as in

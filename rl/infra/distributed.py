@@ -1,6 +1,5 @@
-"""Multi-host start (`jax.distributed.initialize` from the `distributed` config section) and the config
-dataclasses of the `distributed` and `mesh` sections (typed in rl/config.py:TrainConfig; this module
-imports JAX only when it starts the runtime, so composing configs stays light).
+"""Multi-host start (`jax.distributed.initialize` from the `distributed` config section, typed as
+rl.config.DistributedConfig; this module imports JAX only when it starts the runtime).
 
 One process runs per host (or per GPU, with `local_device_ids`); every process runs the same command.
 After `initialize`, `jax.devices()` lists the devices of all processes and the mesh of `rl/infra/sharding.py`
@@ -29,31 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
-@dataclasses.dataclass
-class MeshConfig:
-    """`mesh` section: which devices the Anakin runner uses (rl/infra/sharding.py).
-
-    devices: devices used in all (over all hosts); null = every device (`jax.device_count()`).
-    seed_devices: how many of them split the vmapped seeds; the rest (`devices / seed_devices`) split
-        envs, buffer and batch of each seed.
-    """
-
-    devices: int | None = None
-    seed_devices: int = 1
-
-
-@dataclasses.dataclass
-class DistributedConfig:
-    """`distributed` section (see the module docstring)."""
-
-    enabled: bool = False
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    local_device_ids: list[int] | None = None
-    cluster_detection_method: str | None = None
-    initialization_timeout: int = 300
+from rl.config import DistributedConfig
 
 
 def initialize(section: Mapping | DistributedConfig | None) -> bool:

@@ -39,16 +39,13 @@ class _DropStartupNoise(logging.Filter):
 
 def quiet_startup() -> None:
     """Drop the startup INFO lines of `_DropStartupNoise` and orbax's INFO lines (absl logger: a dozen per
-    checkpoint manager) (idempotent). Called on import of this module; it must run before JAX starts its
-    backends, which importing gymnax does (rl.experiment.validate)."""
+    checkpoint manager) (idempotent). agents.setup.setup calls it, before JAX starts its backends (importing
+    gymnax does)."""
     logging.getLogger("absl").setLevel(logging.WARNING)
     for name in ("jax._src.xla_bridge", "matplotlib.font_manager"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropStartupNoise) for f in logger.filters):
             logger.addFilter(_DropStartupNoise())
-
-
-quiet_startup()
 
 NO_EPISODE = "no episode finished yet"
 

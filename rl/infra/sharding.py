@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rl.infra.distributed import MeshConfig
+from rl.config import MeshConfig
 
 PyTree = Any
 SEED_AXIS = "seed"

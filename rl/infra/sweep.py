@@ -31,12 +31,6 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rl.infra.logging import quiet_startup
-
-# scripts.train imports this module first thing, before rl.experiment.validate imports gymnax (which starts
-# JAX's backends): no "Unable to initialize backend 'tpu'" INFO line on the console (rl/infra/logging.py).
-quiet_startup()
-
 RETURN_KEY = "episode_return"
 SUMMARY_COLUMNS = ("job", "status", "env_steps", "seeds", "final_return", "final_return_std", "eval_return",
                    "eval_return_std", "objective")

@@ -1,13 +1,11 @@
 """XLA:CPU settings that change speed, never results.
 
 * `unroll_threefry()`: jax lowers its threefry PRNG on CPU as a rolled 5-trip `while` loop (a smaller program
-  to compile), so every `split`, `uniform` or `randint` becomes a loop of ~20 tiny kernels, each paying
-  XLA:CPU's per-kernel dispatch. The unrolled lowering (jax's own, the one it uses on GPU/TPU) computes the
-  same bits in a few fused kernels. DQN CartPole, one seed, this 2-core CPU: a buffer sample 5.9 -> 1.5 us,
-  a train step 96 -> 78 us, the actor side 1.8 -> 0.9 us per env step, and compiles no slower
-  (`python -m scripts.bench_train`). Process-wide, applied by rl/experiment.py on import, so every run,
-  benchmark and peer loop timed in the same process gets it; a jax without the private hooks used here keeps
-  its default (a speed difference only).
+  to compile), so every `split`, `uniform` or `randint` becomes a loop of tiny kernels, each paying XLA:CPU's
+  per-kernel dispatch. The unrolled lowering (jax's own, the one it uses on GPU/TPU) computes the same bits in
+  a few fused kernels (`python -m scripts.bench_train` measures it). Process-wide: agents.setup.setup applies it
+  (never an import), so every run and benchmark of a process set up so gets it; a jax without the private hooks
+  used here keeps its default (a speed difference only).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class OptimConfig:
     lr_schedule: str = "constant"  # constant | linear (to lr * lr_end_fraction over lr_decay_updates)
     lr_end_fraction: float = 0.0
     lr_decay_updates: int = 0  # gradient steps of the linear decay (the lr then stays at its end value); 0 with
-    # lr_schedule=linear: the whole run (rl.experiment.build derives it from total_steps: run_updates)
+    # lr_schedule=linear: the whole run (agents.experiment.build derives it from total_steps: run_updates)
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -44,7 +44,7 @@ def make_optimizer(cfg: OptimConfig, lr=None) -> optax.GradientTransformation:
     if cfg.lr_schedule == "linear":
         if cfg.lr_decay_updates <= 0:
             raise ValueError("optim.lr_schedule=linear with optim.lr_decay_updates=0 decays over the whole run, "
-                             "which only a run knows: build the agent through rl.experiment.build (or set "
+                             "which only a run knows: build the agent through agents.experiment.build (or set "
                              "optim.lr_decay_updates > 0)")
         lr = optax.linear_schedule(lr, lr * cfg.lr_end_fraction, cfg.lr_decay_updates)
     if cfg.name == "adam":

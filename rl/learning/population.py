@@ -38,7 +38,7 @@ class MemberState:
 
     @property
     def params(self):
-        """The agent's online parameters (rl.experiment.Policy)."""
+        """The agent's online parameters (agents.experiment.Policy)."""
         return self.agent.params
 
 

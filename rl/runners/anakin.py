@@ -1,7 +1,7 @@
 """The Anakin runner: gymnax envs, acting, buffer writes and train steps in one jitted `lax.scan`.
 
 `Anakin(cfg, agent)` holds the compiled parts of a run for the host loop of rl/runners/loop.py (which owns resume,
-logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent and picks the runner):
+logging, checkpoints, faults and evaluation; agents/experiment.py builds the agent and picks the runner):
 
 * state: `(RunnerState, it)`: every seed's agent, buffer, envs, obs, carry, episode statistics and key
   (leading seed axis S), and the iteration counter `it`.
@@ -24,7 +24,7 @@ logging, checkpoints, faults and evaluation; rl/experiment.py builds the agent a
   followed by the event (`_pbt_event`: a gather over the member axis inside the chunk; under `lax.cond` on CPU,
   computed and selected on accelerators, as the train step). `advance` ends a compiled call at each event to
   hand its lineage (M sources, returns and hyperparameters; no parameters) to `lineage` (rl/infra/lineage.py;
-  rl/experiment.py points it at the run dir's pbt.csv), and `row_values` gives the rows' current
+  agents/experiment.py points it at the run dir's pbt.csv), and `row_values` gives the rows' current
   hyperparameters for their metrics.csv rows. Without PBT nothing of this runs.
 * Resuming from a chunk boundary is bit-exact on CPU.
 """
@@ -79,7 +79,7 @@ class Anakin:
     cheap_eval = True  # greedy episodes vmapped inside jit (rl/runners/evaluate.py)
 
     def __init__(self, cfg: TrainConfig, agent, source=None):
-        """`cfg`: the typed config (`rl.experiment.validate`); `agent` follows rl/learning/agent.py, built for
+        """`cfg`: the typed config (`agents.experiment.validate`); `agent` follows rl/learning/agent.py, built for
         the spaces of `source` (`rl.envs.make_source(cfg.env, cfg.num_envs)`, built here when not given)."""
         self.cfg = cfg
         self.members = agent.members if isinstance(agent, Population) else 1

@@ -10,7 +10,7 @@ step cap is NaN (recv sources) or counted up to the cap (jitted sources, which s
   `source.num_envs` = its batch), stepped from the host with a jitted act; returns scores `[K]` (Atari: the
   game's raw score over all lives). The Sebulba runner's, on a pool it opens for the evaluation.
 
-Saved runs of either source are evaluated by `rl.experiment.evaluate_run` (`python -m scripts.evaluate`).
+Saved runs of either source are evaluated by `agents.experiment.evaluate_run` (`python -m scripts.evaluate`).
 """
 
 from __future__ import annotations

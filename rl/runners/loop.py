@@ -22,7 +22,7 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
     cheap_eval: bool                                 evaluate often by default (`eval_interval: null`)?
 
 `run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
-dir whose newest checkpoint holds this runner's state; its config was checked by rl/experiment.py), train
+dir whose newest checkpoint holds this runner's state; its config was checked by agents/experiment.py), train
 in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from the measured rate, so a signal is
 answered within seconds whatever the agent; the progress bar moves after each; a run that will take over
 an hour says so once training runs), log every `cfg.log_interval` env steps (with `eval_interval()`, the

@@ -1,7 +1,7 @@
 """The Sebulba runner: envpool in async mode, an actor thread and a learner that own disjoint state.
 
 `Sebulba(cfg, agent, source)` holds the compiled parts of a run for the host loop of rl/runners/loop.py (which
-owns resume, logging, checkpoints, faults and evaluation; rl/experiment.py builds the envpool source and
+owns resume, logging, checkpoints, faults and evaluation; agents/experiment.py builds the envpool source and
 the agent). One process; by default two threads and one JAX device (several: see below):
 
     actor thread (rl/runners/sebulba_actor.py)                  learner (the host loop's thread, rl/runners/sebulba_learner.py)
@@ -50,7 +50,6 @@ import dataclasses
 import math
 import os
 import time
-import warnings
 from typing import Any
 
 import jax
@@ -66,9 +65,6 @@ from rl.runners.evaluate import evaluate_recvs
 from rl.runners.sebulba_actor import Actors, ActorThread, Mailbox, Rollout, new_tracker
 from rl.runners.sebulba_devices import split_devices
 from rl.runners.sebulba_learner import Learner
-
-# Donating the learner key or a step counter XLA cannot reuse only warns; the storage is what matters.
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
 @struct.dataclass
@@ -90,7 +86,7 @@ class Sebulba:
     cheap_eval = False  # a fresh envpool plays whole episodes on the host (minutes of Atari on a CPU)
 
     def __init__(self, cfg: TrainConfig, agent, source: EnvpoolSource):
-        """`cfg`: the typed config (`rl.experiment.validate`; `cfg.env` an envpool `EnvConfig`); `agent` built
+        """`cfg`: the typed config (`agents.experiment.validate`; `cfg.env` an envpool `EnvConfig`); `agent` built
         for the spaces of `source`, this process's envpool envs."""
         if cfg.seeds != 1:
             raise ConfigError(f"the Sebulba (envpool) runner trains one seed per run, got seeds={cfg.seeds}; "
@@ -130,7 +126,7 @@ class Sebulba:
             pool_cfg = dataclasses.replace(self.env_cfg, num_threads=max(1, -(-workers // threads)))
             self.sources = [make_source(pool_cfg, per, seed=cfg.seed + self.process * num_envs + i * per,
                                         envs_per_recv=batch // threads) for i in range(threads)]
-        first = self.process * num_envs  # this process's first buffer row (rl/experiment.py seeds its envs so)
+        first = self.process * num_envs  # this process's first buffer row (agents/experiment.py seeds its envs so)
         self.rollouts = [Rollout(agent, src, self.env_cfg.recvs_per_chunk, xla, env_offset=first + i * src.num_envs)
                          for i, src in enumerate(self.sources)]
         self.rollout = self.rollouts[0]

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from agents import make_agent
-from rl.config import ConfigError, compose
-from rl.experiment import validate
+from agents.experiment import validate
+from agents.setup import compose
+from rl.config import ConfigError
 from rl.learning.target_update import TargetNetState
 
 

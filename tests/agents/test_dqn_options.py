@@ -15,8 +15,8 @@ import pytest
 
 from agents import make_agent
 from agents.dqn import DQN, Config
-from rl.config import compose as compose_cfg
-from rl.experiment import build
+from agents.experiment import build
+from agents.setup import compose as compose_cfg
 from tests.agents.test_dqn import _agent, _filled, _hand_batch, _mlp_params, _np_loss_and_grad, _np_q
 from tests.buffers.test_nstep import nstep_loop
 
@@ -400,7 +400,7 @@ def test_lr_decay_updates_0_decays_over_the_whole_run(tmp_path):
     runner (4 envs x train_interval 3 = 12 env steps per train step from the first iteration reaching
     learning_starts=50, i.e. iterations 5..17 (1-based) of ceil(200 / 12) = 17, x updates_per_train 2 = 26); a set
     lr_decay_updates is kept; an agent built outside a run refuses 0 with a message naming the fix."""
-    from rl.experiment import train
+    from agents.experiment import train
 
     common = ["agent=dqn", "env=cartpole", "total_steps=200", "num_envs=4", "agent.learning_starts=50",
               "agent.batch_size=8", "agent.train_interval=3", "agent.updates_per_train=2",

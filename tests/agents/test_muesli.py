@@ -570,7 +570,7 @@ def test_cartpole_reaches_475_within_500k_steps_on_3_seeds(tmp_path):
     log interval (10k env steps) reaches 475 within 500k env steps."""
     import csv
 
-    from rl.config import compose
+    from agents.setup import compose
     from scripts.train import run
 
     cfg = compose(["agent=muesli", "env=cartpole", "seeds=3", "total_steps=500000", "logger=none",
@@ -592,7 +592,7 @@ def test_pong_smoke_sebulba(tmp_path):
     runner: episodes are logged and the losses of its updates are finite."""
     import csv
 
-    from rl.config import compose
+    from agents.setup import compose
     from scripts.train import run
 
     cfg = compose(["agent=muesli", "env=envpool/pong", "num_envs=8", "env.envs_per_recv=4", "total_steps=20000",

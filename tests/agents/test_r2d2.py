@@ -396,7 +396,7 @@ def test_train_step_loss_is_importance_weighted(rollout):
 
 # ------------------------------------------------------------------------------------ slow: learning runs
 def _train(tmp_path, *overrides):
-    from rl.config import compose
+    from agents.setup import compose
     from scripts.train import run
 
     os.environ.setdefault("WANDB_MODE", "disabled")

@@ -10,10 +10,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from agents import agent_config, available_agents, make_agent
-from rl.config import CONFIG_DIR, ConfigError, compose
+from agents.experiment import validate
+from agents.setup import compose
+from rl.config import CONFIG_DIR, ConfigError
 from rl.envs import env_config
 from rl.envs.gymnax_source import make_source
-from rl.experiment import validate
 from scripts.train import group_choices
 
 
@@ -124,14 +125,27 @@ def test_bad_values_get_our_error(overrides, match):
 
 @pytest.mark.parametrize("overrides, match", [
     (["seeds=abc"], "seeds"),
-    (["agent.lrr=1e-3"], "lrr"),
-    (["num_env=3"], "num_env"),
     (["agent=nope"], "nope"),
     (["logger.wandb.mode=[1,2]"], "mode"),
 ])
-def test_bad_keys_get_hydras_error(overrides, match):
+def test_bad_values_and_choices_get_hydras_error(overrides, match):
     with pytest.raises(ConfigCompositionException, match=match):
         compose(overrides)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("agent.lrr=1e-3", "agent.lrr=1e-3: `agent` (agent dqn) has no key `lrr`; closest: agent.lr, "),
+    ("num_env=3", "num_env=3: the config has no key `num_env`; closest: num_envs, "),
+    ("logger.wandb.moed=online", ("logger.wandb.moed=online: `logger.wandb` has no key `moed`; closest: "
+                                  "logger.wandb.mode, ")),
+    ("env.bar=0.1", "env.bar=0.1: `env` has no key `bar`; closest: env."),
+])
+def test_unknown_keys_get_one_line_with_the_closest_keys(override, message):
+    """An override of a key the config lacks: one line naming it and the closest valid keys (difflib), not
+    hydra's lines suggesting `+key=...` (which the typed config then refuses)."""
+    with pytest.raises(ConfigError) as e:
+        compose([override])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
 def test_configs_ship_with_the_package():
@@ -141,7 +155,7 @@ def test_configs_ship_with_the_package():
 
 
 def test_a_torso_the_env_cannot_take_is_a_config_error_naming_the_key_and_the_env():
-    from rl.experiment import build
+    from agents.experiment import build
 
     cfg = compose(["agent=dqn", "env=breakout-minatar", "agent.network.torso=nature_cnn", "logger=none"])
     with pytest.raises(ConfigError, match=r"agent\.network\.torso='nature_cnn' .* \(env Breakout-MinAtar: "

@@ -19,10 +19,11 @@ from omegaconf import OmegaConf
 
 import agents
 from agents import agent_config
+from agents.experiment import _filled, validate
+from agents.setup import compose
 from rl import config, presets
-from rl.config import CONFIG_DIR, ConfigError, compose
+from rl.config import CONFIG_DIR, ConfigError
 from rl.envs import env_config
-from rl.experiment import _filled, validate
 from scripts.train import group_choices, unknown_choice
 
 AGENTS = ("dqn", "r2d2", "muesli")
@@ -193,9 +194,12 @@ def test_single_keys_still_override_a_preset():
 
 
 def test_unknown_keys_are_refused_by_name():
-    for override, key in (("agent.lrr=1", "lrr"), ("agent.network.hidden=[4]", "hidden")):
-        with pytest.raises(ConfigCompositionException, match=key):
+    """One line naming the key and the closest valid keys (agents.setup.unknown_key), not hydra's `+` hint."""
+    for override, key, close in (("agent.lrr=1", "lrr", "agent.lr"),
+                                 ("agent.network.hidden=[4]", "hidden", "agent.network.hidden_sizes")):
+        with pytest.raises(ConfigError, match=rf"has no key `{key}`; closest: .*\b{close}\b") as e:
             compose(["agent=dqn", "env=breakout-minatar", override])
+        assert "\n" not in str(e.value) and "+" not in str(e.value)
     with pytest.raises(ConfigError, match="foo"):  # `+` appends it to the section: the typed config refuses it
         validate(compose(["agent=r2d2_small", "+agent.foo=1"]))
 
@@ -390,9 +394,9 @@ def toy_agent(tmp_path, monkeypatch):
     (folder / "toy.py").write_text(TOY)
     (folder / "toy.yaml").write_text(TOY_PRESETS)
     monkeypatch.setattr(agents, "__path__", [*agents.__path__, str(folder)])
-    monkeypatch.setattr(agents, "OPTIONS", agents._register())  # what importing the registry does
+    options = agents.register()  # what agents.setup.setup does: every agent's options stored, the toy's too
     try:
-        yield
+        yield options
     finally:
         repo = ConfigStore.instance().repo
         for option in ("toy.yaml", "toy_wide.yaml"):
@@ -403,24 +407,24 @@ def toy_agent(tmp_path, monkeypatch):
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    with toy_agent(tmp_path, monkeypatch):
-        yield
+    with toy_agent(tmp_path, monkeypatch) as options:
+        yield options
 
 
 def test_a_new_agent_is_its_module_and_one_yaml(toy, tmp_path):
     """The toy agent is found by name: `agent=toy` takes the preset its yaml names for the env's family (the
     defaults where it names none), `agent=toy_wide` the preset on any env, single keys override either,
     unknown keys are refused, and it trains through the runner."""
-    from rl.experiment import run
+    from agents.experiment import run
 
-    assert agents.OPTIONS["toy"] == agents.OPTIONS["toy_wide"] == "toy" and "toy" in group_choices("agent")
+    assert toy["toy"] == toy["toy_wide"] == "toy" and "toy" in group_choices("agent")
     assert _section("agent=toy", "env=cartpole") == {"name": "toy", "width": 32, "learning_starts": 100, "lr": 1e-3,
                                                      "optim": {**_section("agent=dqn")["optim"], "lr": 1e-3}}
     assert agent_config(compose(["agent=toy", "env=breakout-minatar"]).agent).width == 64
     wide = agent_config(compose(["agent=toy_wide", "env=cartpole"]).agent)
     assert (wide.width, wide.optim.lr) == (64, 5e-4)
     assert agent_config(compose(["agent=toy", "env=breakout-minatar", "agent.width=8"]).agent).width == 8
-    with pytest.raises(ConfigCompositionException, match="batch_size"):
+    with pytest.raises(ConfigError, match=r"agent.batch_size=8: `agent` \(agent toy\) has no key `batch_size`"):
         compose(["agent=toy", "agent.batch_size=8"])
     with pytest.raises(ConfigError, match="agent.width must be >= 1"):
         validate(compose(["agent=toy", "agent.width=0"]))
@@ -431,6 +435,6 @@ def test_a_new_agent_is_its_module_and_one_yaml(toy, tmp_path):
 
 def test_the_toy_agent_leaves_nothing_behind(tmp_path):
     """The toy fixture removes its options again (they are global in hydra's ConfigStore)."""
-    with pytest.MonkeyPatch.context() as monkeypatch, toy_agent(tmp_path, monkeypatch):
-        assert "toy" in group_choices("agent") and "toy" in agents.OPTIONS
-    assert "toy" not in group_choices("agent") and "toy" not in agents.OPTIONS
+    with pytest.MonkeyPatch.context() as monkeypatch, toy_agent(tmp_path, monkeypatch) as options:
+        assert "toy" in group_choices("agent") and "toy" in options
+    assert "toy" not in group_choices("agent") and "toy" not in agents.available_agents()

@@ -6,7 +6,7 @@
         2-device learner mesh, from the same state, chunk and key: both params, and whether the 2-device
         program all-reduces (data-parallel gradients).
     python tests/multidevice/sebulba_run.py train OUT.json RUN_DIR key=value ...
-        one real training run (rl.experiment.run) with the overrides: env steps, metrics, eval returns,
+        one real training run (agents.experiment.run) with the overrides: env steps, metrics, eval returns,
         where the learner state lives, rows written per env.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 def learner_case(out: str) -> None:
     from agents import agent_config, make_agent
-    from rl.config import compose
+    from agents.setup import compose
     from rl.envs.envpool_source import EnvpoolSource, Recv
     from rl.infra import sharding
     from rl.runners.sebulba_actor import Rollout, new_tracker
@@ -86,8 +86,8 @@ def jnp_copy(x):
 
 
 def train_case(out: str, run_dir: str, overrides: list[str]) -> None:
-    from rl.config import compose
-    from rl.experiment import run
+    from agents.experiment import run
+    from agents.setup import compose
 
     result = run(compose(["logger=none", *overrides]), run_dir)
     state = result["state"]

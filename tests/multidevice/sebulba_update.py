@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl.config import compose
+from agents.experiment import build
+from agents.setup import compose
 from rl.envs.episodes import Episodes
-from rl.experiment import build
 from rl.infra import distributed, sharding
 from rl.runners.sebulba_actor import Chunk
 

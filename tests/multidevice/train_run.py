@@ -13,8 +13,8 @@ import sys
 import jax
 import numpy as np
 
-from rl.config import compose
-from rl.experiment import run
+from agents.experiment import run
+from agents.setup import compose
 from rl.infra import sharding
 from tests.conftest import compiles_of
 

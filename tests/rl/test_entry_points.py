@@ -1,6 +1,7 @@
-"""The entry points a newcomer uses: `from rl import train, evaluate_run` (same result as the CLI), config
-errors printed as one message without a traceback (exit 1), unused `+key=value` overrides refused by name,
-and a warning when total_steps leaves no room for a train step."""
+"""The entry points a newcomer uses: `from agents.experiment import train, evaluate_run` (same result as the
+CLI), config errors printed as one message without a traceback (exit 1), unknown keys named in one line with
+the closest valid keys, unused `+key=value` overrides refused by name, and a warning when total_steps leaves
+no room for a train step."""
 
 from __future__ import annotations
 
@@ -12,20 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import rl
-from rl.config import ConfigError, compose
-from rl.experiment import validate
+from agents import experiment
+from agents.experiment import validate
+from agents.setup import compose
+from rl.config import ConfigError
 from tests.conftest import TINY_DQN
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_python_entry_point_trains_and_evaluates(tmp_path):
-    result = rl.train(*TINY_DQN, "total_steps=800", run_dir=tmp_path)
+    result = experiment.train(*TINY_DQN, "total_steps=800", run_dir=tmp_path)
     assert result["env_steps"] == 800 and result["run_dir"] == str(tmp_path)
     assert {"eval_returns", "episode_return", "checkpoint", "state"} <= set(result)
     assert (tmp_path / "metrics.csv").exists() and (tmp_path / "summary.json").exists()
-    returns = rl.evaluate_run(tmp_path, episodes=3)
+    returns = experiment.evaluate_run(tmp_path, episodes=3)
     assert returns.shape == (1, 3) and np.all(returns >= 1)
 
 
@@ -49,25 +51,39 @@ def test_config_error_prints_one_message_without_traceback(tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr  # hydra's convention for the full trace
 
 
+def test_an_unknown_key_on_the_command_line_is_one_line_naming_it_and_the_closest_keys(tmp_path):
+    """Not hydra's six lines suggesting `+agent.foo=1` (which the typed config would then refuse)."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    for override, close in (("agent.foo=1", "agent."), ("agent.batchsize=8", "agent.batch_size"),
+                            ("env.bar=0.1", "env.")):
+        cmd = [sys.executable, "-m", "scripts.train", "agent=dqn", override, f"hydra.run.dir={tmp_path / 'run'}"]
+        proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        key = override.partition("=")[0].rpartition(".")[2]
+        assert last.startswith(f"config error: {override}: ") and f"no key `{key}`; closest: {close}" in last, last
+        assert "Traceback" not in proc.stderr and "+agent" not in proc.stderr and not (tmp_path / "run").exists()
+
+
 def test_warns_when_no_train_step_will_run(tmp_path, capsys):
-    rl.train(*TINY_DQN, "total_steps=80", "agent.learning_starts=100", "eval_episodes=0", run_dir=tmp_path)
+    experiment.train(*TINY_DQN, "total_steps=80", "agent.learning_starts=100", "eval_episodes=0", run_dir=tmp_path)
     out = capsys.readouterr().out
     assert "total_steps=80 < the agent's learning_starts=100: no train step will run" in out
 
 
 def test_load_policy_acts_as_the_runs_greedy_evaluation_with_the_chosen_seeds_online_params(tmp_path):
-    """`rl.load_policy(run_dir, seed)` plays exactly the episodes the run's greedy evaluation plays with that
+    """`experiment.load_policy(run_dir, seed)` plays exactly the episodes the run's greedy evaluation plays with that
     seed's online parameters (same keys), picks the seed asked for (the two seeds' greedy actions differ),
     and exports the parameters in a form that reads back into the same values."""
     import flax.serialization
     import jax
     import jax.numpy as jnp
 
+    from agents.experiment import load_policy
     from rl.envs.gymnax_source import make_source
-    from rl.experiment import load_policy
     from rl.runners.evaluate import evaluate
 
-    result = rl.train(*TINY_DQN, "total_steps=2000", "seeds=2", run_dir=tmp_path)
+    result = experiment.train(*TINY_DQN, "total_steps=2000", "seeds=2", run_dir=tmp_path)
     agent_states = result["state"][0].agent
     source = make_source(_saved_env(tmp_path), 6)
     key = jax.random.PRNGKey(3)

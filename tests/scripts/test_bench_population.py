@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import compose
-from rl.experiment import build
+from agents.experiment import build
+from agents.setup import compose
 from scripts.bench_population import commands, main
 
 TINY = ["num_envs=4", "agent.learning_starts=100", "agent.batch_size=16", "agent.buffer_size=400",

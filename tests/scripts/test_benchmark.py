@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import compose
-from rl.experiment import validate
+from agents.experiment import validate
+from agents.setup import compose
 from scripts.benchmark import RECORD, BenchmarkError, plan, run_benchmark, state_of
 
 # Tiny DQN runs (tests/conftest.py's TINY_DQN sizes), appended to every run's training overrides.

@@ -8,7 +8,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-import rl
+from agents import experiment
 from rl.config import ConfigError
 from rl.envs import env_config, video
 from scripts import evaluate
@@ -21,7 +21,7 @@ def test_gif_of_a_trained_catch_agent_shows_its_episodes(tmp_path, capsys):
     """Two greedy Catch episodes: 2 x (first observation + 9 steps) = 20 frames of 10 x 5 cells at 16 px,
     each holding the ball and the paddle (one cell where they meet); an episode ends with the ball in the
     bottom row, and its printed return is +1 exactly where that last frame shows the ball on the paddle."""
-    rl.train(*CATCH, "total_steps=400", "eval_episodes=0", run_dir=tmp_path / "run")
+    experiment.train(*CATCH, "total_steps=400", "eval_episodes=0", run_dir=tmp_path / "run")
     capsys.readouterr()
     gif = tmp_path / "out" / "catch.gif"
     returns = evaluate.main([str(tmp_path / "run"), "--video", str(gif), "--episodes", "2", "--seed", "3"])

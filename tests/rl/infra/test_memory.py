@@ -11,8 +11,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from rl.config import ConfigError, compose
-from rl.experiment import build, run
+from agents.experiment import build, run
+from agents.setup import compose
+from rl.config import ConfigError
 from rl.infra import memory
 
 ROOT = Path(__file__).resolve().parents[3]

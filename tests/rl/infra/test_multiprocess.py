@@ -18,9 +18,10 @@ import jax
 import numpy as np
 import pytest
 
-from rl.config import ConfigError, compose
-from rl.experiment import build
-from rl.experiment import run as train_run
+from agents.experiment import build
+from agents.experiment import run as train_run
+from agents.setup import compose
+from rl.config import ConfigError
 from rl.infra import checkpoint
 from tests.conftest import TINY_DQN, xla_flags
 from tests.rl.infra.test_sharding import _free_port

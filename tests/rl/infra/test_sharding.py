@@ -181,8 +181,8 @@ def test_two_process_training_matches_one_process(tmp_path):
 LOOP_COLLECTIVES_PROBE = """
 import json, re
 import numpy as np
-from rl.config import compose
-from rl.experiment import build
+from agents.setup import compose
+from agents.experiment import build
 from rl.infra import sharding
 runner = build(compose(["agent=dqn", "env=cartpole", "logger=none", "seeds=2", "num_envs=4", "mesh.seed_devices=2",
                         "agent.network.hidden_sizes=[16]"]))

@@ -18,7 +18,6 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
-from rl import config as _config  # noqa: F401  (registers base_config in the ConfigStore)
 from rl.infra import sweep
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,4 +1,4 @@
-"""rl/infra/xla_cpu.py: the unrolled threefry lowering on CPU is in effect after `import rl.experiment`, has no
+"""rl/infra/xla_cpu.py: the unrolled threefry lowering on CPU is in effect after agents.setup.setup(), has no
 while loop left in the compiled program, and gives exactly the bits of jax's default (rolled) lowering."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 from jax._src.interpreters import mlir
 from jax._src.random import threefry2x32 as threefry
 
-import rl.experiment  # noqa: F401  (applies the setting on import)
+from agents.setup import setup
 from rl.infra import xla_cpu
 from tests.conftest import SHIPPED
 
@@ -25,6 +25,7 @@ def _compiled(fn, key):
 
 
 def test_unrolled_threefry_same_bits_no_loop():
+    setup()  # what every entry point runs first (tests/conftest.py too)
     key = jax.random.PRNGKey(3)
     unrolled = _compiled(_draws, key)
     assert "while" not in unrolled.as_text()

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.config import ConfigError, compose
-from rl.experiment import build, run
+from agents.experiment import build, run
+from agents.setup import compose
+from rl.config import ConfigError
 from rl.infra import lineage
 from rl.learning import pbt
 from tests.conftest import SHIPPED, TINY_DQN

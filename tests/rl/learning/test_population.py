@@ -1,4 +1,4 @@
-"""rl/learning/population.py through rl/experiment.py: a DQN population in one program equals its separate runs,
+"""rl/learning/population.py through agents/experiment.py: a DQN population in one program equals its separate runs,
 refuses what it cannot vary with one line, reports per member and resumes bit for bit."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 
 from agents import agent_config
 from agents.dqn import POPULATION_KEYS
-from rl.config import ConfigError, compose
-from rl.experiment import build, load_policy, run
+from agents.experiment import build, load_policy, run
+from agents.setup import compose
+from rl.config import ConfigError
 from rl.learning.population import MemberState, grid, members
 from scripts import plot
 from tests.conftest import TINY_DQN

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from agents import population_keys
+from agents.experiment import build, run
+from agents.setup import compose
 from buffers.packing import PackedStorage
-from rl.config import ConfigError, compose
-from rl.experiment import build, run
+from rl.config import ConfigError
 
 COVERS = {"train.population": ["test_a_member_equals_its_separate_run", "test_a_population_trains_its_members_apart",
                                "test_refused_shape_keys"]}

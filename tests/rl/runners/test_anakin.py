@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agents.experiment import build, run, validate
 from buffers.sequences import make_sequence_buffer
-from rl.experiment import build, run, validate
 from rl.runners.anakin import Anakin, _repeat
 from tests.conftest import SHIPPED
 
@@ -176,7 +176,7 @@ def test_accelerator_chunk_has_no_conditional(tiny_cfg):
 
 
 def test_agent_state_is_one_rows_state_without_the_seed_axis(tiny_cfg):
-    """`agent_state(state, row)` (what `rl.load_policy` acts with): row `row` of every leaf of the agent state."""
+    """`agent_state(state, row)` (what `agents.experiment.load_policy` acts with): row `row` of every leaf of the agent state."""
     runner = build(tiny_cfg("seeds=2", "seed=5"))
     state = runner.init()
     for row in (0, 1):

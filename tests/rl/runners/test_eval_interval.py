@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-import rl
+from agents import experiment
 from rl.runners.anakin import Anakin
 from tests.conftest import TINY_DQN
 
@@ -29,7 +29,7 @@ def test_eval_interval_logs_the_greedy_return_at_its_multiples(tmp_path, monkeyp
         return returns
 
     monkeypatch.setattr(Anakin, "evaluate", recording)
-    rl.train(*TINY_DQN, "total_steps=1000", "seeds=2", "eval_interval=400", "eval_episodes=3", run_dir=tmp_path)
+    experiment.train(*TINY_DQN, "total_steps=1000", "seeds=2", "eval_interval=400", "eval_episodes=3", run_dir=tmp_path)
     assert [c[1] for c in calls] == [3, 3, 3]  # at 400, at 800, the final one
     assert 0 < calls[0][0] < calls[1][0]  # the state trained so far (updates grow)
     assert calls[0][2] != calls[1][2]
@@ -46,7 +46,7 @@ def test_eval_interval_logs_the_greedy_return_at_its_multiples(tmp_path, monkeyp
 def test_eval_interval_null_is_a_tenth_of_the_run_where_evaluation_is_cheap_and_off_elsewhere():
     """The default (`eval_interval: null`): every tenth of the run on Anakin (greedy episodes vmapped in jit),
     never on Sebulba (a fresh envpool per evaluation); `eval_episodes=0` turns it off; a number wins."""
-    from rl.config import compose
+    from agents.setup import compose
     from rl.runners.loop import eval_interval
     from rl.runners.sebulba import Sebulba
 
@@ -60,7 +60,7 @@ def test_eval_interval_null_is_a_tenth_of_the_run_where_evaluation_is_cheap_and_
 
 
 def test_the_default_run_logs_greedy_returns_at_each_tenth(tmp_path):
-    rl.train(*TINY_DQN, "total_steps=2000", run_dir=tmp_path)
+    experiment.train(*TINY_DQN, "total_steps=2000", run_dir=tmp_path)
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(r["env_steps"]) for r in rows if r["eval_return"]] == [200 * i for i in range(1, 11)]
 
@@ -69,7 +69,7 @@ def test_eval_episodes_zero_plays_no_greedy_episode(tmp_path, monkeypatch):
     """`eval_episodes=0`: no evaluation at all; each seed's returned eval_returns are empty and the summary's
     eval_return_mean is null (not 0)."""
     monkeypatch.setattr(Anakin, "evaluate", lambda *a: (_ for _ in ()).throw(AssertionError("evaluated")))
-    res = rl.train(*TINY_DQN, "total_steps=400", "seeds=2", "eval_episodes=0", run_dir=tmp_path)
+    res = experiment.train(*TINY_DQN, "total_steps=400", "seeds=2", "eval_episodes=0", run_dir=tmp_path)
     assert res["eval_returns"] == [[], []]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["eval_return_mean"] == [None, None]

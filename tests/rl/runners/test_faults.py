@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl.config import compose
-from rl.experiment import build, run
+from agents.experiment import build, run
+from agents.setup import compose
 from rl.infra import checkpoint
 from rl.runners import totals as totals_lib
 from rl.runners.guard import NOT_SEEN, NonFiniteError, all_finite
@@ -308,8 +308,8 @@ def test_checkpoint_killed_while_saving_leaves_previous_restorable(tmp_path):
 # --- initialisation of several seeds (used to deadlock) ----------------------------------------------------
 INIT = """
 import sys
-from rl.config import compose
-from rl.experiment import build
+from agents.setup import compose
+from agents.experiment import build
 runner = build(compose(sys.argv[1:]))
 state, it = runner.init()
 print("initialised", int(it))

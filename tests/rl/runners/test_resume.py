@@ -1,4 +1,4 @@
-"""Resuming as a user expects it (rl/experiment.py): `resume=<dir>` alone continues that run with its saved
+"""Resuming as a user expects it (agents/experiment.py): `resume=<dir>` alone continues that run with its saved
 config in its own run dir (one metrics.csv, the same wandb run); overrides may change only the safe keys,
 others are refused naming the keys first; a run stopped after its final checkpoint resumes without error;
 a run dir left unfinished (e.g. SLURM requeue into the same dir) resumes by itself."""
@@ -10,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from rl.config import ConfigError, compose
-from rl.experiment import build, run
+from agents.experiment import build, run
+from agents.setup import compose
+from rl.config import ConfigError
 from rl.infra import checkpoint
 from tests.conftest import TINY_DQN, compiles_of
 

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agents.experiment import build, validate
+from agents.setup import compose
 from buffers.rows import RowBuffer
-from rl.config import compose
 from rl.envs.gymnax_source import Timestep
-from rl.experiment import build, validate
 from rl.infra import checkpoint
 from rl.infra.logging import RunLogger
 from rl.runners import anakin, loop
@@ -183,7 +183,7 @@ def corridor(monkeypatch):
 
 
 def run_loop(cfg, runner, run_dir):
-    """The host loop (rl/runners/loop.py) with the real logger, as `rl.experiment.run` drives it."""
+    """The host loop (rl/runners/loop.py) with the real logger, as `agents.experiment.run` drives it."""
     logger = RunLogger(cfg, run_dir)
     try:
         return loop.run(cfg, runner, logger)
@@ -494,14 +494,14 @@ def test_wandb_keys_reach_wandb_init(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- distributed
 class Started(Exception):
-    """Raised by the recorder in place of `rl.experiment.prepare`: the run got past the distributed start."""
+    """Raised by the recorder in place of `agents.experiment.prepare`: the run got past the distributed start."""
 
 
 def test_distributed_keys_reach_jax_distributed_initialize(tmp_path, monkeypatch):
-    """`rl.experiment.run` starts `jax.distributed` first when `distributed.enabled`, with every other key of
+    """`agents.experiment.run` starts `jax.distributed` first when `distributed.enabled`, with every other key of
     the section passed by its name (recorded; names checked against `jax.distributed.initialize`); not at all
     when disabled."""
-    from rl import experiment
+    from agents import experiment
 
     calls, accepted = [], set(inspect.signature(jax.distributed.initialize).parameters)
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))

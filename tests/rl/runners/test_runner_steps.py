@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agents.experiment import validate
+from agents.setup import compose
 from buffers.sequences import make_sequence_buffer
-from rl.config import compose
 from rl.envs import make_source
-from rl.experiment import validate
 from rl.learning.agent import episode_done
 from rl.runners.anakin import Anakin
 from rl.runners.sebulba import Sebulba

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-import rl.config  # noqa: F401 - registers the structured base config
 from agents import agent_config, make_agent
+from agents.experiment import build, validate
 from rl.config import ConfigError
 from rl.envs.envpool_source import EnvpoolSource, Recv
-from rl.experiment import build, validate
 from rl.runners.sebulba_actor import Rollout, new_tracker
 from rl.runners.sebulba_learner import Learner
 from tests.conftest import compiles_of
@@ -163,7 +162,7 @@ def read_metrics(path):
 
 
 def run_train(tmp_path, *overrides):
-    from rl.experiment import run
+    from agents.experiment import run
 
     return run(compose_cfg(*overrides), tmp_path)
 

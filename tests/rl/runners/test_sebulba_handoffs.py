@@ -26,9 +26,9 @@ import jax
 import numpy as np
 import pytest
 
-from rl.config import compose
+from agents.experiment import build, validate
+from agents.setup import compose
 from rl.envs.envpool_source import EnvpoolSource
-from rl.experiment import build, validate
 from rl.infra.logging import RunLogger
 from rl.runners import loop, sebulba
 from rl.runners.sebulba import Sebulba

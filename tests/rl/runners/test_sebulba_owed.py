@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from rl.config import compose
-from rl.experiment import build, run
+from agents.experiment import build, run
+from agents.setup import compose
 from rl.infra import checkpoint
 from rl.runners import loop
 from rl.runners.loop import Preempted

@@ -1,11 +1,14 @@
 """The one wiring place: a composed config -> env source, agent, runner -> the host loop (rl/runners/loop.py).
 
-This is the only module under rl/ that imports `agents`. `scripts/train.py`, `scripts/evaluate.py` and the
-Python entry points call it:
+The application layer, with agents/setup.py: it stands above the agents (it builds them through the agents
+registry, as it builds sources through rl.envs), so it lives in this package rather than under rl/, which the
+agents import: buffers <- rl <- agents <- this. Nothing under rl/ and no agent imports it. `scripts/train.py`,
+`scripts/evaluate.py` and users' code call it; `run`, `train`, `evaluate_run` and `load_policy` first run the
+process's set-up step (agents.setup.setup):
 
 * `train(*overrides, run_dir=None) -> dict`: what `python -m scripts.train <overrides>` does, from Python
-  (`rl.train("agent=dqn", "env=cartpole", "total_steps=20000")`); returns the host loop's result dict
-  (final state included).
+  (`from agents.experiment import train; train("agent=dqn", "env=cartpole", "total_steps=20000")`); returns
+  the host loop's result dict (final state included).
 * `run(cfg, run_dir, overrides=None) -> dict`: train a composed config into `run_dir`.
 * `evaluate_run(run_dir, episodes, seed) -> [S, episodes]`: greedy returns of a saved run, either source.
 * `load_policy(run_dir, seed=0) -> Policy`: one seed's jitted evaluation policy and its parameters, for a
@@ -32,7 +35,6 @@ e.g. requeued by SLURM into the same dir) is resumed from it automatically.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 import jax
@@ -41,24 +43,15 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import agent_config, make_agent, population_bounds, population_keys
-from rl.config import (
-    ConfigError,
-    TrainConfig,
-    check_resumable,
-    check_top_level,
-    compose,
-    current_names,
-    resume_config,
-)
+from agents.setup import compose, setup
+from rl.config import ConfigError, TrainConfig, check_resumable, check_top_level, current_names, resume_config
 from rl.envs import env_config, make_source, runner_of
-from rl.infra import checkpoint, memory, xla_cpu
+from rl.infra import checkpoint, memory
 from rl.learning.pbt import PBTConfig, pbt_config
 from rl.learning.population import Population
 from rl.learning.population import members as population_members
 from rl.runners import loop
 from rl.runners.replay_ratio import ReplayRatio
-
-xla_cpu.unroll_threefry()  # same random bits, fewer kernels on CPU (rl/infra/xla_cpu.py)
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
@@ -182,10 +175,10 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     from rl.infra import distributed
     from rl.infra.logging import RunLogger
 
+    setup()
     distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
     run_dir = distributed.shared_run_dir(run_dir)  # several processes: process 0's, for one set of checkpoints
     cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO lines
     runner = build(cfg)
     need = memory.check(runner, cfg)  # before anything is allocated or written
     population = runner.agent if isinstance(runner.agent, Population) else None
@@ -234,6 +227,7 @@ def train(*overrides: str, run_dir: str | Path | None = None) -> dict:
 def _restored(run_dir: str | Path):
     """`(cfg, runner, state)` of the run saved in `run_dir`: its config, the runner built from it, the newest
     checkpoint's state."""
+    setup()
     cfg = OmegaConf.create(current_names(checkpoint.read_meta(run_dir)["config"]))
     runner = build(cfg)
     state, _ = checkpoint.restore(run_dir, runner.restore_target())
@@ -247,7 +241,7 @@ def evaluate_run(run_dir: str | Path, episodes: int = 10, seed: int = 0) -> np.n
 
 
 class Policy:
-    """A saved run's evaluation policy for one seed, for a user's own code (`rl.load_policy`).
+    """A saved run's evaluation policy for one seed, for a user's own code (`load_policy`).
 
     `act(obs [E, *obs_shape], carry, key=None) -> (actions [E] int32, carry)` is jitted and acts as the run's
     greedy evaluation does (`agent.act(..., explore=False)` with the online parameters); `key` matters only for
