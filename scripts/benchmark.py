@@ -320,7 +320,6 @@ class _Uniform:
 def random_policy_return(env_override: str, episodes: int = 1000, seed: int = 0) -> float:
     """Mean return of a uniformly random policy over `episodes` gymnax episodes of `env=<name>` (the floor of
     the normalised scores; the figures in configs/suite/*.yaml `random:` come from here)."""
-    import agents  # noqa: F401  (stores the agent options compose needs: the config's default agent=dqn)
     from rl.envs.gymnax_source import make_source
     from rl.runners.evaluate import evaluate
 
