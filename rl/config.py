@@ -80,9 +80,16 @@ class LoggerConfig:
 
 @dataclasses.dataclass
 class CheckpointConfig:
+    """When checkpoints are written (docs/faults.md): every `interval` env steps (0: none by steps) and every
+    `every_minutes` of wall time (0: none by time; process 0's clock decides for all processes), so a crash
+    loses at most that much; always at the end and on a signal. `on_error`: a failed save stops the run
+    (`stop`) or is retried at the next checkpoint (`continue`)."""
+
     enabled: bool = True
-    interval: int = 0  # env steps between checkpoints; 0 = only at the end
+    interval: int = 0  # env steps between checkpoints; 0 = none by steps
+    every_minutes: float = 10.0  # wall-clock minutes between checkpoints; 0 = none by time
     keep: int = 2  # most recent checkpoints kept
+    on_error: str = "stop"  # stop | continue
 
 
 @dataclasses.dataclass
@@ -152,6 +159,11 @@ def check_top_level(cfg: DictConfig) -> TrainConfig:
     if cfg.get("eval_interval") is not None:
         _positive(cfg, "eval_interval", minimum=0)
     _positive(cfg, "checkpoint.keep")
+    if not cfg.checkpoint.get("every_minutes", 0) >= 0:
+        raise ConfigError(f"`checkpoint.every_minutes` must be >= 0 (0: no checkpoints by wall time), got "
+                          f"{cfg.checkpoint.every_minutes}")
+    if cfg.checkpoint.get("on_error", "stop") not in ("stop", "continue"):
+        raise ConfigError(f"`checkpoint.on_error` must be stop or continue, got {cfg.checkpoint.on_error!r}")
     if cfg.get("eval_interval", 0) and not cfg.eval_episodes:
         raise ConfigError("`eval_interval` needs `eval_episodes` >= 1 (the greedy episodes of each evaluation)")
     if cfg.get("on_nonfinite", "stop") not in ("stop", "skip"):

@@ -2,14 +2,22 @@
 
 * `save(directory, step, state, meta, keep)` writes `state` (any pytree of arrays, typed PRNG keys
   included) and `meta` (JSON: config, wandb run id, metric history, ...), keeping the `keep` newest.
-* `restore(path, target)` reads the newest checkpoint of a run dir or checkpoints dir into the structure,
-  shapes and dtypes of `target` (a pytree of arrays or `jax.ShapeDtypeStruct`s); returns `(state, meta)`.
-* `read_meta(path)` reads only the metadata (e.g. to rebuild the config before restoring).
+* `restore(path, target, note)` reads the newest checkpoint of a run dir or checkpoints dir that restores
+  into the structure, shapes and dtypes of `target` (a pytree of arrays or `jax.ShapeDtypeStruct`s);
+  returns `(state, meta)`. One that does not (files missing or damaged, another structure) is reported in
+  one line through `note` and the next older one tried; none: `DamagedCheckpoint`, one line.
+* `read_meta(path, step=None)` reads only the metadata (e.g. to rebuild the config before restoring), of
+  the newest checkpoint whose metadata reads.
+
+A save that fails (a full disk, no permission) raises `SaveFailed` (one line: the path and the reason)
+after removing its temporary directory; the checkpoints written before are untouched.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,45 +86,86 @@ def checkpoints_dir(path: str | Path) -> Path:
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
+class SaveFailed(OSError):
+    """A checkpoint could not be written; the message is one line naming its path and the reason."""
+
+
+def _reason(e: BaseException) -> str:
+    """An exception as one short line (orbax and tensorstore errors span many)."""
+    text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else type(e).__name__
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
 def save(directory: str | Path, step: int, state: Any, meta: dict, keep: int = 2) -> Path:
-    """Write checkpoint `step` (blocking until it is on disk); returns its directory."""
+    """Write checkpoint `step` (blocking until it is on disk); returns its directory. Raises `SaveFailed`
+    (its temporary directory removed, older checkpoints kept) when the write fails."""
     directory = Path(directory)
     # Several processes: orbax's barriers are collectives over every device; none may start while a
     # program is still computing the state (see rl/infra/distributed.py).
     jax.block_until_ready(state)
     leaves, paths = _flatten(state)
     meta = {**meta, "leaf_paths": paths}
-    with _manager(directory, keep) as mngr:
-        mngr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(leaves),
-                                                     meta=ocp.args.JsonSave(meta)), force=True)
-        mngr.wait_until_finished()
+    try:
+        with _manager(directory, keep) as mngr:
+            mngr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(leaves),
+                                                         meta=ocp.args.JsonSave(meta)), force=True)
+            mngr.wait_until_finished()
+    except Exception as e:  # orbax and tensorstore raise many types for one failed write
+        for tmp in directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise SaveFailed(f"checkpoint {directory.absolute() / str(int(step))} could not be written: "
+                         f"{_reason(e)}") from e
     return directory / str(int(step))
 
 
-def latest_step(path: str | Path) -> int | None:
+def steps(path: str | Path) -> list[int]:
+    """The steps of the (complete) checkpoints under `path`, newest first."""
     directory = checkpoints_dir(path)
     if not directory.is_dir():
-        return None
+        return []
     with _manager(directory) as mngr:
-        return mngr.latest_step()
+        return sorted(mngr.all_steps(), reverse=True)
+
+
+def latest_step(path: str | Path) -> int | None:
+    found = steps(path)
+    return found[0] if found else None
 
 
 class MissingCheckpoint(FileNotFoundError):
     """A run dir without a checkpoint was given to resume or evaluate (a user error: one line, no traceback)."""
 
 
-def _require(path: str | Path) -> tuple[Path, int]:
-    step = latest_step(path)
-    if step is None:
+class DamagedCheckpoint(MissingCheckpoint, ValueError):
+    """No checkpoint of a run dir restores (files missing or damaged, another structure): one line."""
+
+
+def _require(path: str | Path) -> tuple[Path, list[int]]:
+    found = steps(path)
+    if not found:
         raise MissingCheckpoint(f"no checkpoint found in {Path(path).absolute()} (nor in its checkpoints/): give the "
                                 f"directory of a training run (outputs/<date>/<time>) that saved one")
-    return checkpoints_dir(path), step
+    return checkpoints_dir(path), found
 
 
-def read_meta(path: str | Path) -> dict:
-    directory, step = _require(path)
+def _read_meta(directory: Path, step: int) -> dict:
     with _manager(directory) as mngr:
         return dict(mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+
+
+def read_meta(path: str | Path, step: int | None = None) -> dict:
+    """The metadata of checkpoint `step`, or (None) of the newest one whose metadata reads (`restore`
+    reports the ones skipped)."""
+    directory, found = _require(path)
+    for candidate in found if step is None else [step]:
+        try:
+            return _read_meta(directory, candidate)
+        except Exception as e:  # noqa: BLE001 - a damaged file: the next older checkpoint
+            last = e
+    raise DamagedCheckpoint(f"no checkpoint in {directory.absolute()} restores (steps {', '.join(map(str, found))}); "
+                            f"the oldest: {_reason(last)}")
 
 
 def _spelled_alike(path: str) -> str:
@@ -126,20 +175,49 @@ def _spelled_alike(path: str) -> str:
     return re.sub(r"\['(\w+)'\]", r".\1", path)
 
 
-def restore(path: str | Path, target: Any) -> tuple[Any, dict]:
-    """The newest checkpoint under `path` restored into `target`'s structure; returns `(state, meta)`."""
-    directory, step = _require(path)
-    meta = read_meta(path)
+def _restore_step(directory: Path, step: int, target: Any) -> tuple[Any, dict]:
+    meta = _read_meta(directory, step)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(target)]
     saved = meta.pop("leaf_paths", paths)
     if [_spelled_alike(p) for p in saved] != [_spelled_alike(p) for p in paths]:
         diff = sorted(set(saved) ^ set(paths))[:8] or ["(same leaves, different order)"]
-        raise ValueError(f"checkpoint in {directory / str(step)} does not match the state to restore; "
-                         f"differing leaves: {diff}")
+        raise ValueError(f"it does not match the state to restore; differing leaves: {diff}")
     with _manager(directory) as mngr:
         out = mngr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(_abstract_leaves(target))))
     return _unflatten(dict(out["state"]), target), meta
+
+
+def _all_agree(ok: bool) -> bool:
+    """Whether `ok` on every process (several processes restore one checkpoint together or none)."""
+    from rl.infra import distributed
+
+    return all(v == "1" for v in distributed.exchange("1" if ok else "0"))
+
+
+def restore(path: str | Path, target: Any, note: Callable[[str], None] = print) -> tuple[Any, dict]:
+    """The newest checkpoint under `path` that restores into `target`'s structure: `(state, meta)`. Each
+    newer one that does not is reported through `note` in one line (its path and why), and the one used
+    with the env steps that costs; none restores: `DamagedCheckpoint`."""
+    directory, found = _require(path)
+    reasons = []
+    for step in found:
+        try:
+            state, meta = _restore_step(directory, step, target)
+            ok = True
+        except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many types for damaged files
+            ok = False
+            reasons.append(f"checkpoint {directory.absolute() / str(step)} does not restore: {_reason(e)}")
+        if _all_agree(ok):
+            if reasons:
+                note(f"resuming from the newest intact checkpoint, {directory.absolute() / str(step)}: "
+                     f"{found[0] - step} env steps (per seed) of the newest one are lost")
+            return state, meta
+        if ok:
+            reasons.append(f"checkpoint {directory.absolute() / str(step)} does not restore on another process")
+        note(reasons[-1])
+    raise DamagedCheckpoint(f"no checkpoint in {directory.absolute()} restores (steps "
+                            f"{', '.join(map(str, found))}); {reasons[0]}")
 
 
 def make_meta(cfg, env_steps: int, logger=None, **extra) -> dict:

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rl.config import DistributedConfig
 
@@ -118,14 +118,20 @@ def shared_run_dir(run_dir: str | Path) -> Path:
     return Path(exchange(str(run_dir))[0])
 
 
-def agree(until: int, signum: int | None) -> tuple[int, int | None]:
-    """`(until, signum)` that every process shares before a compiled call: process 0's `until` (the sub-chunk
-    sizes come from each process's own timing) and the signal of any process that received one, so every
-    process makes the same calls of the same lengths and all stop after the same one (a process that
-    stopped alone would leave the others waiting in a collective)."""
-    got = [tuple(int(v) for v in x.split(",")) for x in exchange(f"{until},{signum or 0}")]
-    received = [s for _, s in got if s]
-    return got[0][0], signum or (received[0] if received else None)
+class Agreement(NamedTuple):
+    until: int  # process 0's end of the next compiled call
+    signum: int | None  # this process's signal, else any other process's (None: none)
+    save: bool  # process 0's: checkpoint now (its wall clock says one is due)
+
+
+def agree(until: int, signum: int | None, save: bool = False) -> Agreement:
+    """What every process shares before a compiled call: process 0's `until` (the sub-chunk sizes come from
+    each process's own timing) and `save`, and the signal of any process that received one, so every
+    process makes the same calls of the same lengths, checkpoints at the same ones and all stop after the
+    same one (a process that stopped alone would leave the others waiting in a collective)."""
+    got = [tuple(int(v) for v in x.split(",")) for x in exchange(f"{until},{signum or 0},{int(save)}")]
+    received = [s for _, s, _ in got if s]
+    return Agreement(got[0][0], signum or (received[0] if received else None), bool(got[0][2]))
 
 
 def _as_config(section: Any) -> DistributedConfig:

@@ -27,7 +27,9 @@ in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from the measure
 answered within seconds whatever the agent; the progress bar moves after each; a run that will take over
 an hour says so once training runs), log every `cfg.log_interval` env steps (with `eval_interval()`, the
 greedy return of `cfg.eval_episodes` episodes per seed as `eval_return` in the log of each interval
-that crosses a multiple of it), checkpoint every `cfg.checkpoint.interval` env steps and at the end, stop
+that crosses a multiple of it), checkpoint (`Saver`) every `cfg.checkpoint.interval` env steps, every
+`cfg.checkpoint.every_minutes` of wall time (after the sub-chunk in progress, with the log interval's sums)
+and at the end, stop on a failed save (`CheckpointFailed`, unless `checkpoint.on_error: continue`), stop
 on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop cleanly on
 SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving aborts:
 `Aborted`, naming the checkpoint on disk), evaluate the greedy policy and return the result dict:
@@ -36,8 +38,8 @@ SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C w
 
 Several processes (jax.distributed): every process runs this loop on the same global state; before each
 compiled call they agree on its end (process 0's) and on stopping (any process's signal:
-`distributed.agree`), so all make the same calls and checkpoint together; a checkpoint is resumed only by
-as many processes as wrote it.
+`distributed.agree`; a checkpoint by wall time when process 0's clock says so), so all make the same calls
+and checkpoint together; a checkpoint is resumed only by as many processes as wrote it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from rl.runners import guard
 from rl.runners import totals as totals_lib
 
 SUBCHUNK_S = 10.0  # seconds of work per compiled call: how soon a signal is answered (plus a checkpoint)
+clock = time.monotonic  # the wall clock of checkpoints by time (tests replace it)
 
 PREEMPT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGUSR2") if hasattr(signal, n))
 
@@ -71,6 +74,19 @@ class Preempted(Exception):
         saved = f"checkpoint {checkpoint_path}" if checkpoint_path else "nothing saved (checkpoint.enabled=false)"
         super().__init__(f"stopped by {signal.Signals(signum).name} after the current sub-chunk; {saved}. "
                          f"Resume with: {self.resume_command}")
+
+
+class CheckpointFailed(Preempted):
+    """A checkpoint could not be written and `checkpoint.on_error` is `stop`: the run stops, its message (one
+    line) names the path, the reason and how to resume from the checkpoint before. Exit code 1. A `Preempted`
+    so that whoever stops cleanly on a preemption (scripts/train.py) stops so here too."""
+
+    def __init__(self, error: checkpoint.SaveFailed, run_dir: Path, previous: Path | None):
+        self.signum, self.run_dir, self.checkpoint, self.exit_code = None, Path(run_dir), previous, 1
+        self.resume_command = f"python -m scripts.train resume={self.run_dir.absolute()}"
+        then = (f"stopped (checkpoint.on_error=stop); resume from {previous} with: {self.resume_command}"
+                if previous is not None else "stopped (checkpoint.on_error=stop); nothing was saved before it")
+        Exception.__init__(self, f"{error}; {then}")
 
 
 class Aborted(KeyboardInterrupt):
@@ -141,13 +157,43 @@ class SignalWatch:
             previous(self.signum, None)
 
 
-def _save(cfg, logger, env_steps: int, state, partial: dict | None = None) -> Path | None:
-    """Checkpoint `state` (with `partial`, the sums of an unfinished log interval, in its metadata)."""
-    if not cfg.checkpoint.enabled:
-        return None
-    extra = {} if partial is None else {"partial_interval": partial}
-    return checkpoint.save(logger.run_dir / "checkpoints", env_steps, state,
-                           checkpoint.make_meta(cfg, env_steps, logger, **extra), keep=int(cfg.checkpoint.keep))
+class Saver:
+    """Writes the run's checkpoints (`cfg.checkpoint`) and remembers the newest (`latest`, None before the
+    first). `due()`: `checkpoint.every_minutes` of wall time have passed since the last save (or the start).
+    A save that fails is noted in one line; it stops the run (`CheckpointFailed`, `on_error: stop`) or the
+    run goes on and the next checkpoint tries again (`on_error: continue`)."""
+
+    def __init__(self, cfg, logger, latest: Path | None):
+        self.cfg, self.logger, self.latest = cfg, logger, latest
+        self.enabled = bool(cfg.checkpoint.enabled)
+        self.every_s = 60.0 * float(cfg.checkpoint.get("every_minutes", 0)) if self.enabled else 0.0
+        self.on_error = cfg.checkpoint.get("on_error", "stop")
+        self.last = clock()
+
+    def due(self) -> bool:
+        return self.every_s > 0 and clock() - self.last >= self.every_s
+
+    def holds(self, env_steps: int) -> bool:
+        """Whether the newest checkpoint is of `env_steps`."""
+        return self.latest is not None and self.latest.name == str(env_steps)
+
+    def save(self, env_steps: int, state, partial: dict | None = None) -> None:
+        """Checkpoint `state` (with `partial`, the sums of an unfinished log interval, in its metadata)."""
+        if not self.enabled:
+            return
+        self.last = clock()
+        extra = {} if partial is None else {"partial_interval": partial}
+        meta = checkpoint.make_meta(self.cfg, env_steps, self.logger, **extra)
+        try:
+            self.latest = checkpoint.save(self.logger.run_dir / "checkpoints", env_steps, state, meta,
+                                          keep=int(self.cfg.checkpoint.keep))
+        except checkpoint.SaveFailed as e:
+            if self.on_error == "stop":
+                failed = CheckpointFailed(e, self.logger.run_dir, self.latest)
+                self.logger.note(str(failed))
+                raise failed from None
+            self.logger.note(f"{e}; training goes on and the next checkpoint tries again "
+                             "(checkpoint.on_error=continue)")
 
 
 def _start(cfg, runner, logger, resume_from):
@@ -159,7 +205,8 @@ def _start(cfg, runner, logger, resume_from):
         if saved != jax.process_count():
             raise ConfigError(f"this run was checkpointed by {saved} process(es) and is resumed by "
                               f"{jax.process_count()}: resume it with {saved} (distributed.num_processes)")
-        state, meta = checkpoint.restore(resume_from, runner.restore_target())
+        skipped = []  # damaged newer checkpoints, noted once the logger runs
+        state, meta = checkpoint.restore(resume_from, runner.restore_target(), note=skipped.append)
         state = runner.place(state)
         env_steps, wandb_id, history = int(meta["env_steps"]), meta.get("wandb_id"), meta.get("history", [])
         partial = meta.get("partial_interval")
@@ -168,6 +215,8 @@ def _start(cfg, runner, logger, resume_from):
     logger.start(start_step=env_steps, num_seeds=runner.num_seeds, wandb_id=wandb_id, history=history,
                  total_steps=runner.rounded_total(int(cfg.total_steps)))
     if resume_from is not None:
+        for line in skipped:
+            logger.note(line)
         logger.note(f"resumed from {Path(resume_from).absolute()} at env step {env_steps}")
     return state, env_steps, partial
 
@@ -235,11 +284,16 @@ class Pace:
                 "for a shorter run (README: Atari on a CPU)")
 
 
-def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt: Path | None,
-           partial: dict | None):
+def _unfinished(before: int, totals) -> dict | None:
+    """A log interval begun at `before` with sums `totals` so far (None: no call yet), as a checkpoint keeps it."""
+    return None if totals is None else {"start": before, "totals": totals_lib.to_json(totals)}
+
+
+def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, saver: Saver, partial: dict | None):
     """Log intervals, each trained in sub-chunks, until the total or a signal (which stops after the
-    sub-chunk in progress). `partial`: a checkpoint's unfinished interval (`{"start", "totals"}`), continued.
-    Returns `(state, env_steps, last metrics, last checkpoint, the unfinished interval or None)`."""
+    sub-chunk in progress), checkpointing through `saver`. `partial`: a checkpoint's unfinished interval
+    (`{"start", "totals"}`), continued. Returns `(state, env_steps, last metrics, the unfinished interval or
+    None)`."""
     total = runner.rounded_total(int(cfg.total_steps))
     log_every, ckpt_every = int(cfg.log_interval), int(cfg.checkpoint.interval)
     eval_every = eval_interval(cfg, runner, total)
@@ -254,12 +308,14 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
             while env_steps < until:
                 # Never assign the answer to `watch.signum`: a signal that lands while this process waits
                 # in the agreement would be overwritten; it is carried to the next one instead.
-                step_to, stop = distributed.agree(pace.next_until(env_steps, until), watch.signum)
-                if stop is not None:
-                    watch.signum = watch.signum or stop
+                agreed = distributed.agree(pace.next_until(env_steps, until), watch.signum, saver.due())
+                if agreed.signum is not None:
+                    watch.signum = watch.signum or agreed.signum
                     break
+                if agreed.save and env_steps and not saver.holds(env_steps):  # with the interval's sums so far
+                    saver.save(env_steps, state, _unfinished(before, totals))
                 t0, start = time.perf_counter(), env_steps
-                state, env_steps, totals = session.advance(state, env_steps, step_to, totals)
+                state, env_steps, totals = session.advance(state, env_steps, agreed.until, totals)
                 jax.block_until_ready(totals)
                 seconds = time.perf_counter() - t0
                 pace.record(start, env_steps, seconds)
@@ -270,8 +326,7 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
                 if (eta := pace.eta_note(env_steps, runner.num_seeds)) is not None:
                     logger.note(eta)
             if env_steps < until:  # stopped inside the interval: its sums (if any call ran) go into the checkpoint
-                unfinished = None if totals is None else {"start": before, "totals": totals_lib.to_json(totals)}
-                return state, env_steps, last, ckpt, unfinished
+                return state, env_steps, last, _unfinished(before, totals)
             out = totals_lib.summarise(totals)
             nonfinite = out.pop("nonfinite", {})
             out.update(session.row_values(state) if hasattr(session, "row_values") else {})
@@ -281,8 +336,8 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, ckpt:
             guard.check(nonfinite)  # before any checkpoint of this state
             last = out
             if ckpt_every and env_steps // ckpt_every > before // ckpt_every:
-                ckpt = _save(cfg, logger, env_steps, state) or ckpt
-    return state, env_steps, last, ckpt, None
+                saver.save(env_steps, state)
+    return state, env_steps, last, None
 
 
 def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
@@ -290,21 +345,21 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
     `rl.runners.guard.NonFiniteError` on NaN/Inf (with `on_nonfinite: stop`)."""
     state, env_steps, partial = _start(cfg, runner, logger, resume_from)
     # A run resumed from its final checkpoint (stopped before its summary) has nothing new to save.
-    ckpt = checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from is not None else None
+    saver = Saver(cfg, logger, checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from else None)
     with SignalWatch(logger.note) as watch:
         try:
-            state, env_steps, last, ckpt, partial = _train(cfg, runner, logger, state, env_steps, watch, ckpt,
-                                                           partial)
+            state, env_steps, last, partial = _train(cfg, runner, logger, state, env_steps, watch, saver, partial)
             # A signal that came after the last call stops every process here; one landing during this last
             # agreement is answered by finishing (every process must take the same branch below).
-            watch.signum = distributed.agree(env_steps, watch.signum)[1]
-            if ckpt is None or ckpt.name != str(env_steps):
+            watch.signum = distributed.agree(env_steps, watch.signum).signum
+            if not saver.holds(env_steps):
                 with watch.saving():
-                    ckpt = _save(cfg, logger, env_steps, state, partial) or ckpt
+                    saver.save(env_steps, state, partial)
         except KeyboardInterrupt:
             aborted = Aborted(logger.run_dir)
             logger.note(str(aborted))
             raise aborted from None
+        ckpt = saver.latest
         if ckpt is not None:
             logger.paths["checkpoint"] = ckpt
         if watch.signum is not None:

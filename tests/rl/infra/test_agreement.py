@@ -23,22 +23,23 @@ def test_agreement_while_a_learner_program_runs_shares_process_0s_end_and_any_si
         assert code == 0, text[-3000:]
     got = json.loads(out.read_text())
     assert got["finite"]
-    # process 0's end (1000 i; process 1 proposed 1000 i + 7), and the signal only process 1 received
-    assert got["agreed"] == [[1000 * i, 15 if i == ROUNDS - 3 else None] for i in range(ROUNDS)]
+    # process 0's end (1000 i; process 1 proposed 1000 i + 7) and save (every third round; process 1 proposed
+    # the others), and the signal only process 1 received
+    assert got["agreed"] == [[1000 * i, 15 if i == ROUNDS - 3 else None, i % 3 == 0] for i in range(ROUNDS)]
     assert got["run_dir"] == "/tmp/run-of-0"  # process 0's run dir on every process
 
 
-def test_agree_takes_process_0s_end_and_the_first_signal_received(monkeypatch):
-    """One agreement with three processes' answers (patched exchange): the end is process 0's, whoever
-    proposes a larger or smaller one; the signal is this process's own, else the first one received."""
-    answers = ["100,0", "250,0", "50,10"]
+def test_agree_takes_process_0s_end_and_save_and_the_first_signal_received(monkeypatch):
+    """One agreement with three processes' answers (patched exchange): the end and the save decision are
+    process 0's, whoever proposes otherwise; the signal is this process's own, else the first one received."""
+    answers = ["100,0,0", "250,0,1", "50,10,1"]
     sent = []
     monkeypatch.setattr(distributed, "exchange", lambda value: sent.append(value) or answers)
-    assert distributed.agree(250, None) == (100, 10)
-    assert distributed.agree(250, 15) == (100, 15)  # its own signal first
-    answers[2] = "50,0"
-    assert distributed.agree(50, None) == (100, None)
-    assert sent == ["250,0", "250,15", "50,0"]
+    assert distributed.agree(250, None, save=True) == (100, 10, False)
+    assert distributed.agree(250, 15) == (100, 15, False)  # its own signal first
+    answers[0], answers[2] = "100,0,1", "50,0,0"
+    assert distributed.agree(50, None) == (100, None, True)
+    assert sent == ["250,0,1", "250,15,0", "50,0,0"]
 
 
 class _Store:

@@ -218,8 +218,8 @@ def test_signal_while_processes_agree_is_not_lost(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "SUBCHUNK_S", 1e-9)  # every call: one iteration
     calls, agree = [], distributed.agree
 
-    def signalled_while_waiting(until, signum):
-        out = agree(until, signum)
+    def signalled_while_waiting(until, signum, save=False):
+        out = agree(until, signum, save)
         calls.append(out[0])
         if len(calls) == 30:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside the agreement
