@@ -16,7 +16,11 @@ other is 1 / (t_actor + t_learner) env steps per second (times seeds); the run's
 fraction of it (close to 1: nothing left to gain without overlapping or shrinking the halves; the run's
 iterations before `learning_starts` do not train, so a short run can exceed 1). The last lines of output
 are one JSON object per seed count, in order: `{"agent", "env", "seeds", "sps", "ceiling_sps",
-"ceiling_fraction", "baseline_ratio"}` (`baseline_ratio` only with the PureJaxRL-style DQN baseline).
+"ceiling_fraction", "baseline_ratio", "kernels", "kernel_counts", "flops", "bytes_accessed", "peer_kernels",
+"peer_kernel_counts", "peer_flops", "peer_bytes_accessed", "kernel_ratio"}` (`baseline_ratio` and the `peer_*`
+fields and `kernel_ratio` only with the PureJaxRL-style DQN baseline). `kernels` are the XLA kernels of one
+iteration of the compiled loop (a train iteration: a `lax.cond` counted as its train branch), by category in
+`kernel_counts`, with XLA's cost analysis of it (scripts/hlo_kernels.py; per feature: scripts/bench_kernels.py).
 
 With `agent=dqn` the PureJaxRL DQN CartPole hyperparameters are applied (`--no-preset` keeps the config's
 own): 10 envs, buffer 10k, batch 64, a gradient step every 10 env steps (every vector step), target copy
@@ -42,9 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rl.config import compose
-from rl.experiment import validate
+from agents.experiment import validate
+from agents.setup import compose
 from rl.runners.totals import summarise
+from scripts import hlo_kernels
 
 PRESETS = {
     "dqn": [
@@ -157,7 +162,7 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     the actor and learner halves alone and the sequential ceiling (`bench_halves`). With `repeats > 1` the
     whole run and the two halves are timed `repeats` times, interleaved (run, actor, learner, run, ...), so
     that load from other processes hits them alike; medians are reported."""
-    from rl.experiment import build
+    from agents.experiment import build
 
     cfg = compose([*overrides, f"seeds={seeds}", f"total_steps={steps}", "logger=none"])
     validate(cfg)
@@ -184,7 +189,7 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     env_steps = iters * runner.steps_per_iter
     result = {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "run_s_all": run_times, "env_steps": env_steps,
               "sps": env_steps * seeds / run_s, "sps_per_seed": env_steps / run_s,
-              "return": np.asarray(summarise(totals)["episode_return"]).tolist()}
+              "return": np.asarray(summarise(totals)["episode_return"]).tolist(), **kernel_fields(compiled)}
     result.update(bench_buffer(runner, iters, seeds))
     result["buffer_share"] = (result["buffer_add_s"] + result["buffer_sample_s"]) / run_s
     if halves is not None:
@@ -312,7 +317,15 @@ def bench_baseline(seeds: int, steps: int, **kwargs) -> dict:
     run_s = time.perf_counter() - t0
     env_steps = updates * num_envs
     return {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "env_steps": env_steps,
-            "sps": env_steps * seeds / run_s, "return": np.asarray(last_ret.mean(-1)).tolist()}
+            "sps": env_steps * seeds / run_s, "return": np.asarray(last_ret.mean(-1)).tolist(),
+            **kernel_fields(compiled)}
+
+
+def kernel_fields(compiled) -> dict:
+    """`kernels` (total) and `kernel_counts` (by category) of one iteration of a compiled loop, and XLA's
+    `flops` / `bytes_accessed` of it (scripts/hlo_kernels.py: what is counted)."""
+    counts = hlo_kernels.iteration_counts(compiled.as_text())
+    return {"kernels": counts["total"], "kernel_counts": counts, **hlo_kernels.cost(compiled)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -367,6 +380,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   "ceiling_sps": r.get("ceiling_sps"), "ceiling_fraction": r.get("ceiling_fraction")}
         if "baseline" in r:
             record["baseline_ratio"] = r["sps"] / r["baseline"]["sps"]
+        record.update({k: r[k] for k in ("kernels", "kernel_counts", "flops", "bytes_accessed")})
+        if "baseline" in r:
+            b = r["baseline"]
+            record.update({"peer_kernels": b["kernels"], "peer_kernel_counts": b["kernel_counts"],
+                           "peer_flops": b["flops"], "peer_bytes_accessed": b["bytes_accessed"],
+                           "kernel_ratio": r["kernels"] / b["kernels"]})
         print(json.dumps(record), flush=True)
     return results
 
