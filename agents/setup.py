@@ -94,7 +94,7 @@ def _unknown_key(overrides: Sequence[str], compose_choices: Callable[[list[str]]
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        parsed = OverridesParser.create().parse_overrides([o for o in overrides if not o.startswith("-")])
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and o[0] != "-"])
     except HydraException:
         return None
     groups, choices, keys = _groups(), [], []

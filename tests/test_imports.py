@@ -109,3 +109,13 @@ def test_the_probe_sees_what_setup_does():
     assert {"filters", "loggers", "threefry", "config_store", "deepcopy", "sys.modules"} <= set(diff), sorted(diff)
     assert {"seaborn", "matplotlib.pyplot"} <= set(diff["sys.modules"])
     assert "base_config.yaml" in diff["config_store"][1] and "agent/dqn.yaml" in diff["config_store"][1]
+
+
+def test_compose_needs_no_import_first():
+    """A fresh process composes through agents.setup.compose alone: the agents' options are stored by the set-up
+    step it runs, not by importing the agents registry first."""
+    code = "import json; from agents.setup import compose; print(json.dumps(compose(['agent=r2d2']).agent.name))"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0 and json.loads(proc.stdout.strip().splitlines()[-1]) == "r2d2", proc.stderr[-2000:]
