@@ -11,6 +11,11 @@ already the first observation of the next episode where `terminated | truncated`
 `info["final_observation"]` is the observation the action led to. `Timestep.next_obs` is that final
 observation, so a truncated step can bootstrap from it; only `terminated` stops bootstrapping.
 
+`env.sticky_actions=p` is MinAtar's own protocol (Young & Tian 2019: p = 0.1): gymnax's
+`StickyActionWrapper` executes the previous executed action instead of the chosen one with probability p at
+every step (the draw comes from the step's key; the first "previous" action of a run is 0, and it carries
+across episode ends, as in the wrapper).
+
 Episode statistics: `rl.envs.episodes.EpisodeStats`.
 """
 
@@ -24,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import spaces
+from gymnax.wrappers import StickyActionWrapper
 
 from rl.envs.wrappers import ObservationFeatureWrapper
 
@@ -39,12 +45,15 @@ class EnvConfig:
     family: str | None = None  # vector | minatar | atari: the agents' preset it takes (rl.config.ENV_FAMILIES)
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # EnvParams overrides
     obs_features: list[int] | None = None  # keep only these observation features (last axis)
+    sticky_actions: float = 0.0  # probability of repeating the previous action (MinAtar's protocol: 0.1)
 
     def __post_init__(self):
         if self.source != "gymnax":
             raise ValueError(f"env.source must be 'gymnax' for a gymnax env config, got {self.source!r}")
         if self.id not in gymnax.registered_envs:
             raise ValueError(f"env.id={self.id!r} is not a gymnax environment; known ids: {gymnax.registered_envs}")
+        if not 0.0 <= self.sticky_actions <= 1.0:
+            raise ValueError(f"env.sticky_actions must be a probability in [0, 1], got {self.sticky_actions}")
 
 
 @struct.dataclass
@@ -102,6 +111,8 @@ def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int |
         if unknown:
             raise ValueError(f"env.params: {unknown} are not parameters of {cfg.id}; known: {sorted(known)}")
         params = params.replace(**cfg.params)
+    if cfg.sticky_actions > 0:
+        env = StickyActionWrapper(env, cfg.sticky_actions)
     if cfg.obs_features is not None:
         env = ObservationFeatureWrapper(env, cfg.obs_features, params)
     return GymnaxSource(env, params, num_envs)

@@ -36,6 +36,14 @@ class EnvConfig:
         check_id("popgym_arcade", self.id, TASKS)
 
 
+def ends(done, info) -> tuple:
+    """(terminated, truncated) of a step from its `done` and the game's `info` flags: terminated where the game
+    ended (`info["terminated"]`) or where it is done without its step limit (MineSweeper's mines report
+    `terminated: False`); truncated where only the step limit ended it."""
+    terminated = done & (info["terminated"] | ~info["truncated"])
+    return terminated, done & ~terminated
+
+
 def _max_steps(env, params) -> int | None:
     """The game's step limit, wherever the game keeps it (the env's own attribute first: some games'
     `EnvParams.max_steps_in_episode` is a placeholder 1)."""
@@ -50,12 +58,14 @@ def _max_steps(env, params) -> int | None:
 def single_env(cfg: EnvConfig) -> SingleEnv:
     """One POPGym Arcade env of `cfg` without auto-reset (the `SingleEnv` contract)."""
     env, params = require("popgym_arcade", "popgym_arcade").make(cfg.id, partial_obs=cfg.partial_obs)
+    from gymnax.environments.environment import Environment
 
-    def split(state, done, info):
-        terminated = done & (info["terminated"] | ~info["truncated"])
-        return terminated, done & ~terminated
-
-    return gymnax_style(env, params, cfg.id, split, _max_steps(env, params))
+    if type(env).is_terminated is Environment.is_terminated:
+        # Breakout, CartPole, Skittles and Tetris put `self.discount(...)` in their info; they were written for
+        # stable-gymnax, whose `discount` reads `is_terminal`, and gymnax 1.0's reads `is_terminated`, which
+        # they lack. Only that info entry reads it (the source splits the ends itself, `ends`).
+        env.is_terminated = env.is_terminal
+    return gymnax_style(env, params, cfg.id, lambda state, done, info: ends(done, info), _max_steps(env, params))
 
 
 def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> JaxEnvSource:
