@@ -69,9 +69,11 @@ def toy(tmp_path, monkeypatch):
 
 
 def test_sources_are_the_source_modules_of_the_package():
-    assert rl.envs.sources() == {"gymnax": "rl.envs.gymnax_source", "envpool": "rl.envs.envpool_source"}
+    names = ("craftax", "envpool", "gymnax", "navix", "popgym_arcade", "xminigrid")
+    assert rl.envs.sources() == {name: f"rl.envs.{name}_source" for name in names}
     assert rl.envs.runner_of({"source": "gymnax", "id": "CartPole-v1"}) == "anakin"
-    with pytest.raises(ConfigError, match=r"env.source='nope' is not an env source; available: \['envpool', 'gymnax'\]"):
+    known = r"\['craftax', 'envpool', 'gymnax', 'navix', 'popgym_arcade', 'xminigrid'\]"
+    with pytest.raises(ConfigError, match=rf"env.source='nope' is not an env source; available: {known}"):
         rl.envs.env_config({"source": "nope"})
 
 
