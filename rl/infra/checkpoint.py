@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,14 +100,17 @@ def _reason(e: BaseException) -> str:
 
 
 def save(directory: str | Path, step: int, state: Any, meta: dict, keep: int = 2) -> Path:
-    """Write checkpoint `step` (blocking until it is on disk); returns its directory. Raises `SaveFailed`
-    (its temporary directory removed, older checkpoints kept) when the write fails."""
+    """Write checkpoint `step` (blocking until it is on disk; one of that step already there is replaced);
+    returns its directory. Raises `SaveFailed` (its temporary directory removed, older checkpoints kept) when
+    the write fails."""
     directory = Path(directory)
     # Several processes: orbax's barriers are collectives over every device; none may start while a
     # program is still computing the state (see rl/infra/distributed.py).
     jax.block_until_ready(state)
     leaves, paths = _flatten(state)
     meta = {**meta, "leaf_paths": paths}
+    if jax.process_index() == 0 and (directory / str(int(step))).is_dir():  # one a resume skipped as damaged
+        shutil.rmtree(directory / str(int(step)))
     try:
         with _manager(directory, keep) as mngr:
             mngr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(leaves),
@@ -188,6 +192,23 @@ def _restore_step(directory: Path, step: int, target: Any) -> tuple[Any, dict]:
     return _unflatten(dict(out["state"]), target), meta
 
 
+def _quiet_abandoned_reads() -> None:
+    """When a restore fails, tensorstore still completes the reads orbax abandoned, and each completion calls
+    into orbax's closed event loop: one "RuntimeError: Event loop is closed" traceback per leaf on stderr
+    (via `sys.unraisablehook`), during and after the restore. Drop those; pass everything else on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "quiets_abandoned_reads", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.quiets_abandoned_reads = True
+    sys.unraisablehook = hook
+
+
 def _all_agree(ok: bool) -> bool:
     """Whether `ok` on every process (several processes restore one checkpoint together or none)."""
     from rl.infra import distributed
@@ -200,6 +221,7 @@ def restore(path: str | Path, target: Any, note: Callable[[str], None] = print) 
     newer one that does not is reported through `note` in one line (its path and why), and the one used
     with the env steps that costs; none restores: `DamagedCheckpoint`."""
     directory, found = _require(path)
+    _quiet_abandoned_reads()
     reasons = []
     for step in found:
         try:
