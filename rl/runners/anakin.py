@@ -191,9 +191,10 @@ class Anakin:
         return s.replace(agent=agent_state, buffer=buffer_state, key=keys[:, 0]), (metrics, bad)
 
     def _iteration(self, s: RunnerState, it: jax.Array, totals: Totals, train: bool):
-        """One iteration; with `train` also the train step, taken from iteration `learn_iter - 1` on where the
-        buffer can sample: under `lax.cond` on CPU, computed and selected on accelerators (`select`; XLA folds
-        the select away for leaves the step leaves untouched, such as the buffer's storage)."""
+        """One iteration; with `train` also the train step and its sums into `totals`, taken from iteration
+        `learn_iter - 1` on where the buffer can sample: under `lax.cond` on CPU (the sums inside the branch),
+        computed and selected on accelerators (`select`; XLA folds the select away for leaves the step leaves
+        untouched, such as the buffer's storage)."""
         s, finished = sharding.vmap_seeds(self._collect)(s)
         totals = totals.add_episodes(finished.count, finished.score, finished.length)
         if self.pbt is not None:
@@ -201,14 +202,19 @@ class Anakin:
         if train:
             ready = (it >= self.learn_iter - 1) & self.agent.buffer.can_sample(
                 jax.tree_util.tree_map(lambda x: x[0], s.buffer))
+            env_step = (it + 1) * self.steps_per_iter
             if self.select:
                 trained, (metrics, bad) = self.train(s)
                 s = jax.tree_util.tree_map(lambda new, old: jnp.where(ready, new, old), trained, s)
+                totals = totals.add_update(metrics, bad, ready, env_step)
             else:
-                skipped = jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype),
-                                                 jax.eval_shape(self.train, s)[1])
-                s, (metrics, bad) = jax.lax.cond(ready, self.train, lambda s: (s, skipped), s)
-            totals = totals.add_update(metrics, bad, ready, (it + 1) * self.steps_per_iter)
+                # The sums are taken inside the branch: its metrics and flags never leave it, so XLA need not
+                # write each of them out as a branch result (one kernel apiece on CPU).
+                def train(c):
+                    s, (metrics, bad) = self.train(c[0])
+                    return s, c[1].add_update(metrics, bad, True, env_step)
+
+                s, totals = jax.lax.cond(ready, train, lambda c: c, (s, totals))
         return s, it + 1, totals
 
     @functools.cached_property
