@@ -1,6 +1,6 @@
 """Where a train step's time goes: FLOPs, achieved GFLOP/s against the machine's matmul rate, per component.
 
-    python -m scripts.bench_update                          # DQN (MLP), DQN (MinAtar CNN), Muesli on Breakout-MinAtar
+    python -m scripts.bench_update                          # DQN (MLP), DQN (MinAtar CNN), Muesli, R2D2 on Breakout-MinAtar
     python -m scripts.bench_update --cases muesli --env asterix-minatar --seeds 3 --steps 20
 
 For each case the Anakin runner is built as `scripts.train` builds it (`agent=<preset> env=<env>
@@ -13,7 +13,8 @@ seeds=<seeds>`, the MinAtar presets unless overridden), its buffer filled by the
 * `gflops`: flops / train step time, and `matmul_gflops`: a 1024x1024 float32 matmul's rate timed in the
   same process just before (the dense ceiling of this machine for XLA:CPU); `matmul_fraction` their ratio;
 * `components`: each named part of the step jitted alone on the same sampled batch (vmapped over seeds),
-  its milliseconds and its share of the train step (they overlap where one contains another: see the names);
+  its milliseconds and its share of the train step (they overlap where one contains another: see the names;
+  DQN and Muesli only, R2D2's is `{}`);
 * `replay_ratio`: sampled transitions per env step (batch x sequence length x updates per train step /
   (num_envs x train_interval)); the MinAtar paper's DQN (batch 32 every env step) has 32.
 
@@ -41,6 +42,7 @@ CASES = {  # name -> training overrides (besides env and seeds)
     "dqn": ["agent=dqn"],
     "dqn_cnn": ["agent=dqn", "agent.network.torso=small_cnn"],
     "muesli": ["agent=muesli"],
+    "r2d2": ["agent=r2d2"],
 }
 PAPER_DQN_REPLAY_RATIO = 32  # Young & Tian 2019: batch 32, one update per env step
 
@@ -168,7 +170,8 @@ def bench_case(name: str, overrides: list[str], env: str, seeds: int, steps: int
         state, _ = _block(runner.init())
         state, _ = _block(halves.actor_fn(state))
         keys = jax.random.split(jax.random.PRNGKey(0), seeds)
-        parts = COMPONENTS[cfg.agent.name](agent, state.agent, state.buffer, keys, max(steps // 2, 3))
+        components = COMPONENTS.get(cfg.agent.name)  # R2D2: the whole step only
+        parts = components(agent, state.agent, state.buffer, keys, max(steps // 2, 3)) if components else {}
     gflops = flops / (ms / 1e3) / 1e9
     return {"case": name, "env": env, "seeds": seeds, "overrides": overrides, "flops": flops, "train_step_ms": ms,
             "gflops": gflops, "matmul_gflops": mm, "matmul_fraction": gflops / mm,

@@ -1,0 +1,39 @@
+"""scripts/device_check.py: the accelerator plan fits the 8-minute budget and runs what issue 45 lists; without a
+GPU it refuses in one line unless dry; a dry run of its cheapest step writes the report with that step's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import device_check
+
+
+def test_the_gpu_plan_runs_the_listed_benchmarks_within_the_budget():
+    steps = {s.name: s for s in device_check.plan(dry=False)}
+    assert list(steps) == ["bench_train", "bench_update", "buffers", "atari_dqn"]
+    assert sum(s.limit_s for s in steps.values()) <= device_check.BUDGET_S <= 8 * 60
+    train = steps["bench_train"].argv
+    assert train[train.index("--seeds") + 1] == "1,16,256"
+    update = steps["bench_update"].argv
+    assert update[update.index("--cases") + 1] == "dqn,r2d2,muesli" and "breakout-minatar" in update
+    assert "--quick" in steps["buffers"].argv
+    assert "env=envpool/pong" in steps["atari_dqn"].argv and steps["atari_dqn"].interrupt_s == 120
+    assert [s.name for s in device_check.plan(dry=True)] == list(steps)
+
+
+def test_refuses_without_a_gpu_unless_dry(capsys):
+    with pytest.raises(SystemExit) as err:
+        device_check.main([])
+    assert err.value.code == 2
+    msg = capsys.readouterr().err.strip()
+    assert len(msg.splitlines()) == 1 and "no GPU here" in msg and "--dry" in msg
+
+
+def test_dry_run_of_bench_train_writes_its_json_to_the_report(tmp_path):
+    path = device_check.main(["--dry", "--only", "bench_train", "--out", str(tmp_path)])
+    text = path.read_text()
+    assert path.parent == tmp_path and "dry run" in text and "## bench_train" in text and "exit status 0" in text
+    records = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"agent"')]
+    assert [r["seeds"] for r in records] == [1, 2] and all(r["kernels"] > 0 for r in records)
