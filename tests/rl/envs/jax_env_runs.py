@@ -54,3 +54,13 @@ def smoke(run_dir, env: list[str], agent: str = "dqn", total_steps: int = 256, *
     assert np.isfinite([float(r["train/loss"]) for r in rows if r.get("train/loss")]).all()
     assert any(r.get("eval_return") for r in rows[:2]), rows[0]  # the greedy evaluation during training
     return res
+
+
+def learns(run_dir, env: list[str], total_steps: int, *extra: str) -> np.ndarray:
+    """DQN (its preset for the env's family, a replay and exploration sized to the run) for `total_steps` env
+    steps per seed on 2 seeds of 16 envs; returns the final greedy returns `[2, 8]`."""
+    cfg = compose(["agent=dqn", *env, "logger=none", "seeds=2", "num_envs=16", f"total_steps={total_steps}",
+                   f"log_interval={total_steps // 10}", "eval_interval=0", "eval_episodes=8",
+                   "agent.buffer_size=20000", "agent.learning_starts=1000",
+                   f"agent.epsilon_decay_steps={total_steps // 4}", *extra])
+    return np.asarray(run(cfg, run_dir)["eval_returns"])
