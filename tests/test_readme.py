@@ -1,7 +1,8 @@
 """The README's and docs/'s commands work as written: every `python -m scripts.train ...` of their fenced
-blocks and inline code composes and validates (multirun lines: every combination; placeholders such as `<date>` and cluster
-launchers are skipped), and the lines marked `(quick)` run for real (slow tier: they are learning runs; the
-smoke matrix trains every agent on every source in the fast tier)."""
+blocks and inline code composes and validates (multirun lines: every combination; placeholders such as
+`<date>` and cluster launchers are skipped), and the lines marked `(quick)` run for real (slow tier: they are
+learning runs; the smoke matrix trains every agent on every source in the fast tier). The README's
+architecture map is the one tests/test_architecture.py enforces, row for row."""
 
 from __future__ import annotations
 
@@ -96,3 +97,30 @@ def test_quick_command_runs(command, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     if "return 500" in QUICK_CLAIMS.get(command, ""):  # the README's first run says it learns CartPole
         assert min(summary["eval_return_mean"]) >= 450, summary
+
+
+def _architecture_map() -> dict[str, set[str]]:
+    """The README's architecture table: module prefix (`rl/envs/` -> `rl.envs`) -> the packages its last column
+    names (backticked; "jax only" and the like name none), for the rows of buffers/, rl/ and agents/."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`(buffers|rl|agents)[\w/.]*`", cells[0]):
+            module = cells[0].strip("`").removesuffix("/").removesuffix(".py").replace("/", ".")
+            rows[module] = set(re.findall(r"`([\w.]+)`", cells[2]))
+    return rows
+
+
+def test_the_architecture_map_is_the_one_the_architecture_test_enforces():
+    from tests.test_architecture import ALLOWED
+
+    rows = _architecture_map()
+    assert rows == {k: v for k, v in ALLOWED.items() if k != "rl"}  # rl/__init__.py: a docstring, no row
+
+
+def test_the_map_parser_reads_rows_and_ignores_other_tables(monkeypatch, tmp_path):
+    (tmp_path / "README.md").write_text("| folder | holds | may import |\n|---|---|---|\n"
+                                        "| `rl/envs/` | sources | `rl.config` |\n| `buffers/` | replay | jax only |\n"
+                                        "| `scripts/` | command lines | anything |\n| agent | for | `x` |\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _architecture_map() == {"rl.envs": {"rl.config"}, "buffers": set()}
