@@ -61,12 +61,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("agents/dqn.py", "min_size=max(cfg.batch_size // num_envs, 1))", "minus_one"):
         "min_size 0 or 1: can_sample also needs a positive total weight, i.e. a stored start, so at least one "
         "stored step (size >= 1) whenever it is true",
-    ("rl/runners/anakin.py", "ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))",
-     "plus_one"):
+    ("rl/runners/anakin.py", "jax.tree_util.tree_map(lambda x: x[0], s.buffer))", "plus_one"):
         "seed 1's readiness for seed 0's: the seeds step in lockstep, so every seed's buffer holds the same steps "
         "(and with one seed jax clamps index 1 to 0)",
-    ("rl/runners/anakin.py", "ready = self.agent.buffer.can_sample(jax.tree_util.tree_map(lambda x: x[0], s.buffer))",
-     "minus_one"):
+    ("rl/runners/anakin.py", "jax.tree_util.tree_map(lambda x: x[0], s.buffer))", "minus_one"):
         "the last seed's readiness for the first's: the seeds step in lockstep, so every seed's buffer holds the same "
         "steps",
     ("buffers/flat.py", "return randint_below(key, (batch_size,), jnp.maximum(state.size, 1))", "minus_one"):
@@ -99,8 +97,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "any large offset keeps the evaluation's env seeds apart from the training envs' (seed + i)",
     ("agents/r2d2.py", "q_target = jax.lax.stop_gradient(q_target)", "stop_gradient_dropped"):
         "q_target depends on target_params only and the loss is differentiated w.r.t. the online params alone",
-    ("rl/runners/loop.py", 'eval_every = int(cfg.get("eval_interval", 0))', "plus_one"):  # (code of a5f3235)
-        "every composed config has eval_interval (config.yaml, TrainConfig): the default of .get is never read",
     ("rl/runners/sebulba.py", "if self.processes > 1:  # already global arrays in the runner's shardings", "gt_to_lt"):
         "several processes: the state is already global in the runner's shardings (init's out_shardings, the "
         "restore target's), and device_put of an array to its own sharding returns it",
