@@ -102,20 +102,13 @@ def test_importing_a_module_changes_no_process_state():
     assert not changed, json.dumps({n: report[n] for n in changed}, indent=1)[:4000]
 
 
-def test_the_probe_sees_what_setup_does():
-    """The same probe around `agents.setup.setup()` sees each of its actions (so the test above is not blind)."""
-    code = PROBE.replace("importlib.import_module(name)", "importlib.import_module(name).setup()")
+def test_compose_sets_the_process_up_with_no_import_first():
+    """In a fresh process agents.setup.compose composes an `agent=` option with nothing imported first (its
+    set-up step stores the agents' options), and the same probe sees each set-up action (so the test above
+    is not blind)."""
+    code = PROBE.replace("importlib.import_module(name)",
+                         "assert importlib.import_module(name).compose(['agent=r2d2']).agent.name == 'r2d2'")
     diff = _probe(["agents.setup"], code)["agents.setup"]
     assert {"filters", "loggers", "threefry", "config_store", "deepcopy", "sys.modules"} <= set(diff), sorted(diff)
     assert {"seaborn", "matplotlib.pyplot"} <= set(diff["sys.modules"])
     assert "base_config.yaml" in diff["config_store"][1] and "agent/dqn.yaml" in diff["config_store"][1]
-
-
-def test_compose_needs_no_import_first():
-    """A fresh process composes through agents.setup.compose alone: the agents' options are stored by the set-up
-    step it runs, not by importing the agents registry first."""
-    code = "import json; from agents.setup import compose; print(json.dumps(compose(['agent=r2d2']).agent.name))"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert proc.returncode == 0 and json.loads(proc.stdout.strip().splitlines()[-1]) == "r2d2", proc.stderr[-2000:]
