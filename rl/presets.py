@@ -1,9 +1,10 @@
 """Agent presets as hydra options.
 
-`register_agent(name, Config, presets_file)` (called by the agents registry for every agent when it is imported)
-stores hydra's `agent=<name>` and `agent=<name>_<preset>` options, each a whole agent section: the `Config`
-dataclass's defaults < the preset (agents/<name>.yaml) < the command line's keys. The preset of `agent=<name>` is
-the one the agent's yaml names for the env's `family` (configs/env/*.yaml, `env_families`).
+`register_agent(name, Config, presets_file)` (called for every agent by `agents.register`, which the process's
+set-up step agents.setup.setup runs) stores hydra's `agent=<name>` and `agent=<name>_<preset>` options, each a
+whole agent section: the `Config` dataclass's defaults < the preset (agents/<name>.yaml) < the command line's
+keys. The preset of `agent=<name>` is the one the agent's yaml names for the env's `family` (configs/env/*.yaml,
+`env_families`).
 """
 
 from __future__ import annotations
