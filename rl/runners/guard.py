@@ -38,10 +38,10 @@ def all_finite(tree) -> jax.Array:
     """True iff every floating-point leaf of `tree` is finite (bool scalar).
 
     As one sum of `x * 0` over the leaves concatenated (0 where finite, NaN for a NaN or an Inf, and never an
-    overflow): XLA fuses the concatenation into that one reduction (the leaves are read, not copied). A
-    per-leaf `all(isfinite(x))` costs an unfused kernel per leaf, and a sum per leaf a reduction kernel per
-    leaf (XLA:CPU does not merge sibling reductions): 7 of the 15 kernels the guard added to a one-seed DQN
-    CartPole iteration (docs/kernels.md).
+    overflow): two kernels whatever the number of leaves (on XLA:CPU the concatenation is a copy of the leaves,
+    the sum another kernel). A sum per leaf is a reduction kernel per leaf (XLA:CPU does not merge sibling
+    reductions; 7 of the 15 kernels the guard added to a one-seed DQN CartPole iteration, docs/kernels.md), and
+    a per-leaf `all(isfinite(x))` an unfused kernel per leaf.
     """
     leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
     if not leaves:
