@@ -17,14 +17,12 @@ from pathlib import Path
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "jaxrl-test-jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # Compiling is most of the suite's time. Without XLA's backend (LLVM) optimisations programs compile in a fraction
-# of the time (4 compile-heavy test files: 240 s -> 145 s from an empty cache) and compute the same functions, not
-# always to the same last bit: two different programs that XLA's default options compile to identical bits (a
+# of the time and compute the same functions, not always to the same last bit: two different programs that XLA's default options compile to identical bits (a
 # blocked and a straight loop) can differ there. Tests comparing such programs bit for bit are marked `optimized`;
 # they and the slow learning runs (run time, not compile time) get XLA's defaults (pytest_runtest_setup below).
 _UNOPTIMISED = os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# XLA:CPU's classic fusion emitters compile in ~70% of the time its newer MLIR ones take (8 compile-heavy test
-# files from an empty cache: 377 s -> 283 s); their programs run slower (the README's first run: 42 s -> 45 s
-# with optimisations, 54 s -> 67 s without), which the tests, compile-bound, do not feel. Process-wide (JAX reads
+# XLA:CPU's classic fusion emitters compile faster than its newer MLIR ones; their programs run somewhat slower,
+# which the tests, compile-bound, do not feel. Process-wide (JAX reads
 # XLA_FLAGS once), so `optimized` and slow tests get them too; processes the tests start inherit them (env, or
 # `xla_flags` where a test sets its own device count).
 TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
