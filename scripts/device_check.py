@@ -47,8 +47,10 @@ class Step:
     interrupt_s: int | None = None  # SIGINT at this many seconds (a run that stops cleanly), else run to the end
 
 
-def plan(dry: bool) -> list[Step]:
-    """The steps, full size on an accelerator or tiny (`dry`) for a CPU rehearsal."""
+def plan(dry: bool, run_dir: str = "outputs/device_check") -> list[Step]:
+    """The steps, full size on an accelerator or tiny (`dry`) for a CPU rehearsal; the training run writes into
+    `run_dir` (hydra's run dir)."""
+    train = ("scripts.train", f"hydra.run.dir={run_dir}")
     if dry:
         return [
             Step("bench_train", ("scripts.bench_train", "agent=dqn", "env=cartpole", "--seeds", "1,2", "--steps",
@@ -58,7 +60,7 @@ def plan(dry: bool) -> list[Step]:
                                   "--seeds", "1", "--steps", "2", "--repeats", "1", "agent.learning_starts=200",
                                   "agent.buffer_size=2000"), 600),
             Step("buffers", ("scripts.bench_buffers", "--quick", "--cases", "uniform", "--sizes", "10k"), 240),
-            Step("atari_dqn", ("scripts.train", "agent=dqn", "env=envpool/cartpole", "total_steps=3000",
+            Step("atari_dqn", (*train, "agent=dqn", "env=envpool/cartpole", "total_steps=3000",
                                "agent.learning_starts=500", "num_envs=4", "checkpoint.enabled=false", "logger=none",
                                "eval_episodes=1"), 240, interrupt_s=200),
         ]
@@ -68,7 +70,7 @@ def plan(dry: bool) -> list[Step]:
         Step("bench_update", ("scripts.bench_update", "--cases", "dqn,r2d2,muesli", "--env", "breakout-minatar",
                               "--seeds", "1", "--steps", "10", "--repeats", "2"), 105),
         Step("buffers", ("scripts.bench_buffers", "--quick"), 45),
-        Step("atari_dqn", ("scripts.train", "agent=dqn", "env=envpool/pong", "agent.learning_starts=2000",
+        Step("atari_dqn", (*train, "agent=dqn", "env=envpool/pong", "agent.learning_starts=2000",
                            "num_envs=32", "total_steps=2000000", "checkpoint.enabled=false", "logger=none",
                            "eval_episodes=1"), 150, interrupt_s=120),
     ]
@@ -161,15 +163,16 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"device_check: no GPU here (jax platform: {platform}); run it on a machine with one, or pass --dry "
               "for a tiny rehearsal on the CPU", file=sys.stderr)
         raise SystemExit(2)
-    steps = plan(args.dry)
+    out_dir = Path(args.out or (tempfile.mkdtemp(prefix="device_check_") if args.dry else ROOT / "results" / "gpu"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="device_check_run_")) / "run"  # the training run's files: not kept
+    steps = plan(args.dry, str(run_dir))
     if args.only:
         names = args.only.split(",")
         unknown = sorted(set(names) - {s.name for s in steps})
         if unknown:
             parser.error(f"unknown steps {unknown}; choose from {[s.name for s in steps]}")
         steps = [s for s in steps if s.name in names]
-    out_dir = Path(args.out or (tempfile.mkdtemp(prefix="device_check_") if args.dry else ROOT / "results" / "gpu"))
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{card}_{datetime.date.today().isoformat()}.md"
     path = path if not path.exists() else out_dir / f"{path.stem}_{int(time.time())}.md"
     start, results = time.perf_counter(), []

@@ -19,7 +19,8 @@ def test_the_gpu_plan_runs_the_listed_benchmarks_within_the_budget():
     update = steps["bench_update"].argv
     assert update[update.index("--cases") + 1] == "dqn,r2d2,muesli" and "breakout-minatar" in update
     assert "--quick" in steps["buffers"].argv
-    assert "env=envpool/pong" in steps["atari_dqn"].argv and steps["atari_dqn"].interrupt_s == 120
+    atari = steps["atari_dqn"]
+    assert atari.argv[0] == "scripts.train" and "env=envpool/pong" in atari.argv and atari.interrupt_s == 120
     assert [s.name for s in device_check.plan(dry=True)] == list(steps)
 
 
