@@ -81,6 +81,12 @@ def _chunk_compiled(runner, totals=None):
     return runner.chunk.lower(state, it, totals, jax.ShapeDtypeStruct((), jnp.int32)).compile()
 
 
+def chunk_counts(runner, totals=None) -> tuple[dict, object]:
+    """Kernels of one iteration of the runner's compiled chunk (its blocks on accelerators), and the program."""
+    compiled = _chunk_compiled(runner, totals)
+    return hlo_kernels.iteration_counts(compiled.as_text(), runner.block), compiled
+
+
 def dqn_variant(seeds: int, features: tuple) -> tuple[dict, object]:
     """Iteration counts of the DQN chunk with only `features` of ("metrics", "guard", "totals") kept: the
     runner's train step and totals replaced here (the product has no switch for them)."""
@@ -100,8 +106,7 @@ def dqn_variant(seeds: int, features: tuple) -> tuple[dict, object]:
     metrics, bad = jax.eval_shape(runner.train, state)[1]
     kind = Totals if "totals" in features else _Stripped
     totals = jax.eval_shape(functools.partial(kind.zeros, runner.num_seeds, tuple(metrics), tuple(bad)))
-    compiled = _chunk_compiled(runner, totals)
-    return hlo_kernels.iteration_counts(compiled.as_text()), compiled
+    return chunk_counts(runner, totals)
 
 
 def peer(seeds: int) -> dict:
@@ -118,15 +123,13 @@ def dqn_cases(seeds: int) -> list[dict]:
         counts, compiled = dqn_variant(seeds, features)
         out.append(_record(f"dqn/{name}", "one iteration of the Anakin chunk", seeds, counts, compiled))
     runner = _runner("dqn", seeds)
-    compiled = _chunk_compiled(runner)
-    default = hlo_kernels.iteration_counts(compiled.as_text())
+    default, compiled = chunk_counts(runner)
     if default != {k: out[-1][k] for k in default}:
         raise AssertionError(f"the +totals variant {out[-1]} differs from the runner's chunk {default}")
     out.append(_record("dqn/default", "one iteration of the runner's own chunk", seeds, default, compiled))
     for name, extra in CONFIG_STEPS:
-        compiled = _chunk_compiled(_runner("dqn", seeds, extra))
-        out.append(_record(f"dqn/{name}", "one iteration of the Anakin chunk", seeds,
-                           hlo_kernels.iteration_counts(compiled.as_text()), compiled))
+        counts, compiled = chunk_counts(_runner("dqn", seeds, extra))
+        out.append(_record(f"dqn/{name}", "one iteration of the Anakin chunk", seeds, counts, compiled))
     out.append(evaluation(runner))
     return out
 
@@ -201,9 +204,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     if args.target_only:
         emit(peer(args.seeds))
-        compiled = _chunk_compiled(_runner("dqn", args.seeds))
-        emit(_record("dqn/default", "one iteration of the runner's own chunk", args.seeds,
-                     hlo_kernels.iteration_counts(compiled.as_text()), compiled))
+        counts, compiled = chunk_counts(_runner("dqn", args.seeds))
+        emit(_record("dqn/default", "one iteration of the runner's own chunk", args.seeds, counts, compiled))
     elif "dqn" in wanted:
         emit(peer(args.seeds))
         for r in dqn_cases(args.seeds):

@@ -189,7 +189,8 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     env_steps = iters * runner.steps_per_iter
     result = {"seeds": seeds, "compile_s": compile_s, "run_s": run_s, "run_s_all": run_times, "env_steps": env_steps,
               "sps": env_steps * seeds / run_s, "sps_per_seed": env_steps / run_s,
-              "return": np.asarray(summarise(totals)["episode_return"]).tolist(), **kernel_fields(compiled)}
+              "return": np.asarray(summarise(totals)["episode_return"]).tolist(),
+              **kernel_fields(compiled, runner.block)}
     result.update(bench_buffer(runner, iters, seeds))
     result["buffer_share"] = (result["buffer_add_s"] + result["buffer_sample_s"]) / run_s
     if halves is not None:
@@ -321,10 +322,11 @@ def bench_baseline(seeds: int, steps: int, **kwargs) -> dict:
             **kernel_fields(compiled)}
 
 
-def kernel_fields(compiled) -> dict:
-    """`kernels` (total) and `kernel_counts` (by category) of one iteration of a compiled loop, and XLA's
-    `flops` / `bytes_accessed` of it (scripts/hlo_kernels.py: what is counted)."""
-    counts = hlo_kernels.iteration_counts(compiled.as_text())
+def kernel_fields(compiled, block: int = 1) -> dict:
+    """`kernels` (total) and `kernel_counts` (by category) of one iteration of a compiled loop (of blocks of
+    `block` iterations: the runner on accelerators), and XLA's `flops` / `bytes_accessed` of the program
+    (scripts/hlo_kernels.py: what is counted)."""
+    counts = hlo_kernels.iteration_counts(compiled.as_text(), block)
     return {"kernels": counts["total"], "kernel_counts": counts, **hlo_kernels.cost(compiled)}
 
 

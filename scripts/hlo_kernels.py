@@ -11,9 +11,9 @@ reducers of reduce / scatter / sort) are its insides, not kernels of their own. 
   train step; for the PureJaxRL-style loop also the target copy, which it takes once in 50 updates);
 * a `call` counts its callee.
 
-`iteration_counts(text)` counts one iteration of a program's main loop: the body (and condition) of the
+`iteration_counts(text, block)` counts one iteration of a program's main loop: the body (and condition) of the
 entry computation's `while` whose expanded body has the most kernels, i.e. one step of a `lax.scan` /
-`fori_loop` that runs the iterations. `program_counts(text)` counts the whole entry computation once.
+`fori_loop` that runs the iterations (with `block > 1`, of the nested loop of `block` known trips inside it). `program_counts(text)` counts the whole entry computation once.
 Both return the categories of `CATEGORIES` (disjoint) and their `total`.
 """
 
@@ -124,9 +124,11 @@ def program_counts(text: str) -> dict:
     return _result(_count(comps, entry, {}))
 
 
-def iteration_counts(text: str) -> dict:
+def iteration_counts(text: str, block: int = 1) -> dict:
     """Kernels of one iteration of the program's main loop (see the module docstring); raises ValueError
-    when the entry computation has no `while`."""
+    when the entry computation has no `while`. `block > 1`: the main loop runs blocks of `block` iterations
+    (the Anakin runner on accelerators, rl/runners/anakin.py `_repeat`), so one iteration is the body of the
+    nested loop of that known trip count where the main loop's body holds one."""
     comps, entry = parse(text)
     memo = {}
     loops = [line for op, line in comps[entry] if op == "while"]
@@ -139,7 +141,12 @@ def iteration_counts(text: str) -> dict:
             c.update(_count(comps, part, memo))
         return c
 
-    return _result(max((one_iteration(line) for line in loops), key=lambda c: sum(c.values())))
+    main = max(loops, key=lambda line: sum(one_iteration(line).values()))
+    if block > 1:
+        inner = [ln for op, ln in comps[_attr(main, "body")[0]]
+                 if op == "while" and (m := _TRIP.search(ln)) and int(m.group(1)) == block]
+        main = inner[0] if inner else main
+    return _result(one_iteration(main))
 
 
 def cost(compiled) -> dict:

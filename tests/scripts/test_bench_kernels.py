@@ -79,6 +79,20 @@ def test_counts_of_handwritten_hlo():
         hlo_kernels.iteration_counts(no_loop)
 
 
+def test_an_iteration_of_the_accelerator_blocks_is_one_iteration():
+    """On accelerators the runner loops over blocks of `block` iterations (a nested loop of that known trip
+    count) and selects instead of `lax.cond`: told the block, the count is one iteration, the same as the
+    program without blocks (here forced on the CPU)."""
+    from scripts import bench_kernels
+
+    counts = []
+    for block in (32, 1):
+        runner = bench_kernels._runner("dqn", 1)
+        runner.select, runner.block = True, block  # read when the chunk is traced
+        counts.append(bench_kernels.chunk_counts(runner)[0])
+    assert counts[0] == counts[1] and counts[0]["total"] > 0
+
+
 def test_dqn_iteration_within_1_2x_the_peers_kernels():
     """The default DQN CartPole iteration (the PureJaxRL preset, one seed) launches at most 1.2x the kernels of
     the PureJaxRL-style loop's iteration, compiled as users compile (XLA's default options and emitters, in a
@@ -96,7 +110,7 @@ def test_bench_variants_add_up_to_the_runners_chunk():
     are differences between such variants), and the bare one launches fewer kernels."""
     from scripts import bench_kernels
 
-    default = hlo_kernels.iteration_counts(bench_kernels._chunk_compiled(bench_kernels._runner("dqn", 1)).as_text())
+    default, _ = bench_kernels.chunk_counts(bench_kernels._runner("dqn", 1))
     full, _ = bench_kernels.dqn_variant(1, ("metrics", "guard", "totals"))
     bare, _ = bench_kernels.dqn_variant(1, ())
     assert full == default
