@@ -16,7 +16,8 @@ Cases (one JSON line each, `{"case", "agent", "what", "seeds", <counts>, "flops"
 * `dqn/<step>`: one iteration of the Anakin chunk (CartPole, the PureJaxRL preset), cumulatively: `bare`
   (act, env step, buffer add, train step; no metric, no flag, no episode sums), `+metrics` (the train
   metrics summed per seed), `+guard` (non-finite flags), `+totals` (episode sums: every default on; checked
-  equal to the runner's own chunk), then `+double_q`, `+n_step` (3-step returns). Evaluation hooks run
+  equal to the runner's own chunk), then `+double_q`, `+n_step` (3-step returns). `dqn/select`: the default
+  iteration built as on accelerators (the train step computed and selected, blocks of 32), compiled for the CPU. Evaluation hooks run
   between chunks, not in the iteration: `dqn/eval` counts one greedy evaluation program (its loop
   iteration: one vector env step of the evaluation envs).
 * `<agent>/train_bare`, `<agent>/train` (r2d2, muesli, dqn): the whole compiled train step of every seed
@@ -127,6 +128,11 @@ def dqn_cases(seeds: int) -> list[dict]:
     if default != {k: out[-1][k] for k in default}:
         raise AssertionError(f"the +totals variant {out[-1]} differs from the runner's chunk {default}")
     out.append(_record("dqn/default", "one iteration of the runner's own chunk", seeds, default, compiled))
+    accelerator = _runner("dqn", seeds)
+    accelerator.select, accelerator.block = True, 32  # the accelerator structure, read when the chunk is traced
+    counts, compiled = chunk_counts(accelerator)
+    out.append(_record("dqn/select", "one iteration as accelerators run it (train step selected, blocks of 32), "
+                       "compiled for the CPU", seeds, counts, compiled))
     for name, extra in CONFIG_STEPS:
         counts, compiled = chunk_counts(_runner("dqn", seeds, extra))
         out.append(_record(f"dqn/{name}", "one iteration of the Anakin chunk", seeds, counts, compiled))
