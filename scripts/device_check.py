@@ -15,7 +15,8 @@ only its own time; the rest still runs), in this order:
 
 The limits add up to `BUDGET_S` (480 s); a step that would start past the budget is skipped and said so.
 Progress is printed as each step starts and ends. The file holds the device, versions and commit, then per
-step its command, wall seconds, exit status, its JSON lines, and on failure its last lines of output. Without
+step its command, wall seconds, exit status, its JSON lines (the training run: its train.log's last lines,
+with the SPS of each log interval), and on failure its last lines of output. Without
 a GPU the command refuses (one line, exit 2) unless `--dry` is given: then every step runs at tiny sizes on
 the CPU (minutes, compile-bound) and the file goes to a temp dir.
 """
@@ -28,6 +29,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,12 +47,13 @@ class Step:
     argv: tuple  # after `python -m`
     limit_s: int
     interrupt_s: int | None = None  # SIGINT at this many seconds (a run that stops cleanly), else run to the end
+    log: str | None = None  # a file the step writes its figures to (a run's train.log): its last lines are kept
 
 
 def plan(dry: bool, run_dir: str = "outputs/device_check") -> list[Step]:
     """The steps, full size on an accelerator or tiny (`dry`) for a CPU rehearsal; the training run writes into
     `run_dir` (hydra's run dir)."""
-    train = ("scripts.train", f"hydra.run.dir={run_dir}")
+    train, log = ("scripts.train", f"hydra.run.dir={run_dir}"), f"{run_dir}/train.log"
     if dry:
         return [
             Step("bench_train", ("scripts.bench_train", "agent=dqn", "env=cartpole", "--seeds", "1,2", "--steps",
@@ -62,7 +65,7 @@ def plan(dry: bool, run_dir: str = "outputs/device_check") -> list[Step]:
             Step("buffers", ("scripts.bench_buffers", "--quick", "--cases", "uniform", "--sizes", "10k"), 240),
             Step("atari_dqn", (*train, "agent=dqn", "env=envpool/cartpole", "total_steps=3000",
                                "agent.learning_starts=500", "num_envs=4", "checkpoint.enabled=false", "logger=none",
-                               "eval_episodes=1"), 240, interrupt_s=200),
+                               "eval_episodes=1"), 240, interrupt_s=200, log=log),
         ]
     return [
         Step("bench_train", ("scripts.bench_train", "agent=dqn", "env=cartpole", "--seeds", "1,16,256", "--steps",
@@ -72,7 +75,7 @@ def plan(dry: bool, run_dir: str = "outputs/device_check") -> list[Step]:
         Step("buffers", ("scripts.bench_buffers", "--quick"), 45),
         Step("atari_dqn", (*train, "agent=dqn", "env=envpool/pong", "agent.learning_starts=2000",
                            "num_envs=32", "total_steps=2000000", "checkpoint.enabled=false", "logger=none",
-                           "eval_episodes=1"), 150, interrupt_s=120),
+                           "eval_episodes=1"), 150, interrupt_s=120, log=log),
     ]
 
 
@@ -112,8 +115,9 @@ def run_step(step: Step, dry: bool, log=print) -> dict:
     lines = out.splitlines()
     records = [ln for ln in lines if ln.startswith("{") and ln.endswith("}") and _is_json(ln)]
     log(f"    {step.name}: exit {proc.returncode} in {wall:.0f} s" + (f" ({status})" if status else ""))
+    log_tail = Path(step.log).read_text().splitlines()[-20:] if step.log and Path(step.log).exists() else []
     return {"name": step.name, "command": "python -m " + " ".join(step.argv), "wall_s": wall,
-            "returncode": proc.returncode, "status": status, "json": records, "tail": lines[-15:]}
+            "returncode": proc.returncode, "status": status, "json": records, "tail": lines[-15:], "log": log_tail}
 
 
 def _is_json(line: str) -> bool:
@@ -136,7 +140,10 @@ def report(results: list[dict], header: str) -> str:
                                                                               else "") + ".\n")
         if r["json"]:
             parts.append("```json\n" + "\n".join(r["json"]) + "\n```\n")
-        if r["returncode"] not in (0, None) or not r["json"]:
+        if r.get("log"):
+            parts.append("Its log's last lines (speed: SPS per log interval):\n\n```\n" + "\n".join(r["log"])
+                         + "\n```\n")
+        if r["returncode"] not in (0, None) or not (r["json"] or r.get("log")):
             parts.append("Last lines of output:\n\n```\n" + "\n".join(r["tail"]) + "\n```\n")
     return "\n".join(parts)
 
@@ -165,7 +172,8 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit(2)
     out_dir = Path(args.out or (tempfile.mkdtemp(prefix="device_check_") if args.dry else ROOT / "results" / "gpu"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="device_check_run_")) / "run"  # the training run's files: not kept
+    scratch = Path(tempfile.mkdtemp(prefix="device_check_run_"))  # the training run's files: not kept
+    run_dir = scratch / "run"
     steps = plan(args.dry, str(run_dir))
     if args.only:
         names = args.only.split(",")
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> Path:
               f"python -m {' '.join(step.argv)}", flush=True)
         results.append(run_step(step, args.dry, log=lambda m: print(m, flush=True)))
         path.write_text(report(results, _header(platform, card, args.dry)))  # kept if the loan ends mid-way
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"wrote {path} ({time.perf_counter() - start:.0f} s)", flush=True)
     return path
 

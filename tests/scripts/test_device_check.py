@@ -38,3 +38,16 @@ def test_dry_run_of_bench_train_writes_its_json_to_the_report(tmp_path):
     assert path.parent == tmp_path and "dry run" in text and "## bench_train" in text and "exit status 0" in text
     records = [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"agent"')]
     assert [r["seeds"] for r in records] == [1, 2] and all(r["kernels"] > 0 for r in records)
+
+
+def test_a_step_is_interrupted_as_planned_and_its_log_reaches_the_report(tmp_path):
+    """A step past its `interrupt_s` gets SIGINT (a run's clean stop) and is reported as such; the last lines of
+    the log file it names (a run's train.log: its SPS) go into the report."""
+    log = tmp_path / "train.log"
+    log.write_text("env step 1,000 per seed: 5,000 SPS (all seeds), ret=9.5\n")
+    step = device_check.Step("sleeper", ("timeit", "-n", "1000000000", "pass"), limit_s=20, interrupt_s=1,
+                             log=str(log))
+    record = device_check.run_step(step, dry=True, log=lambda m: None)
+    assert record["status"] == "interrupted at 1 s (planned)" and record["wall_s"] < 15
+    text = device_check.report([record], "# header\n")
+    assert "5,000 SPS" in text and "interrupted at 1 s (planned)" in text
