@@ -63,7 +63,7 @@ class JaxEnvSource:
 
     def reset(self, key: jax.Array):
         state, obs = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
-        return state, obs
+        return _strong(state), obs
 
     def _step_one(self, key: jax.Array, state, action: jax.Array):
         k_step, k_reset = jax.random.split(key)
@@ -80,7 +80,15 @@ class JaxEnvSource:
 
     def step(self, env_state, action: jax.Array, key: jax.Array):
         keys = jax.random.split(key, self.num_envs)
-        return jax.vmap(self._step_one)(keys, env_state, action.astype(jnp.int32))
+        state, ts = jax.vmap(self._step_one)(keys, env_state, action.astype(jnp.int32))
+        return _strong(state), ts
+
+
+def _strong(tree):
+    """`tree` without weak types (a library's `jnp.asarray(1.0)` in its state, e.g. xminigrid's `discount`): the
+    state a step returns has the types of the one it took, so a compiled loop over it is compiled once (the
+    runner's first chunk returns the state the next chunk takes, and a restored checkpoint has no weak types)."""
+    return jax.tree_util.tree_map(lambda x: x.astype(x.dtype), tree)
 
 
 def require(module: str, source: str):

@@ -85,6 +85,29 @@ def test_reset_and_step_vmap_over_seeds_inside_jit():
     np.testing.assert_array_equal(obs[1], source.reset(keys[1])[1])
 
 
+def test_the_state_keeps_its_types_across_steps():
+    """A library state with a weak-typed leaf (`jnp.asarray(1.0)`, as xminigrid's `discount`): reset and step
+    return it strongly typed, the same avals both ways, so the runner's compiled chunk takes what it returns
+    (and what a checkpoint restores) without compiling again."""
+    counter = _counter()
+
+    def reset(key):
+        state, obs = counter.reset(key)
+        return (state, jnp.asarray(1.0)), obs
+
+    def step(key, state, action):
+        inner, obs, reward, terminated, truncated = counter.step(key, state[0], action)
+        discount = jax.lax.select(terminated, jnp.asarray(0.0), jnp.asarray(1.0))
+        return (inner, discount), obs, reward, terminated, truncated
+
+    source = JaxEnvSource(SingleEnv("Weak", 3, reset, step, LIMIT), 2)
+    key = jax.random.PRNGKey(0)
+    after_reset = jax.eval_shape(source.reset, key)[0]
+    after_step = jax.eval_shape(source.step, after_reset, jnp.zeros(2, jnp.int32), key)[0]
+    assert after_reset == after_step
+    assert not any(x.weak_type for x in jax.tree_util.tree_leaves(after_step))
+
+
 def test_discrete_action_spaces_only():
     class Discrete:  # navix's: shape (), values 0..maximum
         shape, maximum = (), 6
