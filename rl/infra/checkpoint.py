@@ -91,7 +91,7 @@ class SaveFailed(OSError):
     """A checkpoint could not be written; the message is one line naming its path and the reason."""
 
 
-def _reason(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     """An exception as one short line (orbax and tensorstore errors span many)."""
     text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -120,7 +120,7 @@ def save(directory: str | Path, step: int, state: Any, meta: dict, keep: int = 2
         for tmp in directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
             shutil.rmtree(tmp, ignore_errors=True)
         raise SaveFailed(f"checkpoint {directory.absolute() / str(int(step))} could not be written: "
-                         f"{_reason(e)}") from e
+                         f"{one_line(e)}") from e
     return directory / str(int(step))
 
 
@@ -169,7 +169,7 @@ def read_meta(path: str | Path, step: int | None = None) -> dict:
         except Exception as e:  # noqa: BLE001 - a damaged file: the next older checkpoint
             last = e
     raise DamagedCheckpoint(f"no checkpoint in {directory.absolute()} restores (steps {', '.join(map(str, found))}); "
-                            f"the oldest: {_reason(last)}")
+                            f"the oldest: {one_line(last)}")
 
 
 def _spelled_alike(path: str) -> str:
@@ -229,7 +229,7 @@ def restore(path: str | Path, target: Any, note: Callable[[str], None] = print) 
             ok = True
         except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many types for damaged files
             ok = False
-            reasons.append(f"checkpoint {directory.absolute() / str(step)} does not restore: {_reason(e)}")
+            reasons.append(f"checkpoint {directory.absolute() / str(step)} does not restore: {one_line(e)}")
         if _all_agree(ok):
             if reasons:
                 note(f"resuming from the newest intact checkpoint, {directory.absolute() / str(step)}: "

@@ -134,6 +134,41 @@ def agree(until: int, signum: int | None, save: bool = False) -> Agreement:
     return Agreement(got[0][0], signum or (received[0] if received else None), bool(got[0][2]))
 
 
+# --- a process that went away -----------------------------------------------------------------------------
+# A killed peer shows in the survivors as an error of the collective in flight (gloo: "Connection reset by
+# peer") or of the coordination service; the runtime cannot shut down after it (its shutdown barrier waits
+# for the dead process, then aborts with a C++ stack dump), so `leave` ends the process without it.
+PEER_LOST = ("Gloo", "gloo", "Connection reset by peer", "Connection closed by peer", "heartbeat", "UNAVAILABLE")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether `error` (a `jax.errors.JaxRuntimeError`) says another process of the run is gone."""
+    return any(s in str(error) for s in PEER_LOST)
+
+
+def lost_peer() -> str:
+    """Which process went away, as far as this one can tell: with two, the other one."""
+    import jax
+
+    n, me = jax.process_count(), jax.process_index()
+    return f"process {1 - me} of 2" if n == 2 else f"another of the {n} processes"
+
+
+def leave(code: int) -> None:
+    """At interpreter exit, end this process with `code` at once, before JAX's own exit handlers (the
+    distributed shutdown that would wait for a dead peer and abort); output is flushed first."""
+    import atexit
+    import os
+    import sys
+
+    def end():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    atexit.register(end)  # atexit runs last-registered first: before jax's shutdown
+
+
 def _as_config(section: Any) -> DistributedConfig:
     if section is None:
         return DistributedConfig()

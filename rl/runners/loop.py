@@ -54,7 +54,7 @@ from rl.config import ConfigError
 from rl.infra import checkpoint, distributed
 from rl.runners import guard
 from rl.runners import totals as totals_lib
-from rl.runners.stopping import Aborted, CheckpointFailed, Preempted, SignalWatch
+from rl.runners.stopping import Aborted, CheckpointFailed, LostProcess, Preempted, SignalWatch
 
 SUBCHUNK_S = 10.0  # seconds of work per compiled call: how soon a signal is answered (plus a checkpoint)
 clock = time.monotonic  # the wall clock of checkpoints by time (tests replace it)
@@ -262,6 +262,13 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
             aborted = Aborted(logger.run_dir)
             logger.note(str(aborted))
             raise aborted from None
+        except jax.errors.JaxRuntimeError as e:
+            if not distributed.peer_lost(e):
+                raise
+            lost = LostProcess(distributed.lost_peer(), e, logger.run_dir, saver.latest)
+            logger.note(str(lost))
+            distributed.leave(lost.exit_code)
+            raise lost from None
         ckpt = saver.latest
         if ckpt is not None:
             logger.paths["checkpoint"] = ckpt

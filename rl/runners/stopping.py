@@ -1,5 +1,6 @@
-"""How a run stops early: on a signal (`SignalWatch`, `Preempted`), a repeated Ctrl-C (`Aborted`) or a checkpoint
-that cannot be written (`CheckpointFailed`); each carries the one line the user reads and the exit code.
+"""How a run stops early: on a signal (`SignalWatch`, `Preempted`), a repeated Ctrl-C (`Aborted`), a checkpoint
+that cannot be written (`CheckpointFailed`) or a lost process (`LostProcess`); each carries the one line the
+user reads and the exit code.
 The host loop (rl/runners/loop.py) raises them.
 """
 
@@ -106,3 +107,16 @@ class SignalWatch:
         previous = self._previous.get(self.signum)
         if callable(previous) and previous is not signal.default_int_handler:
             previous(self.signum, None)
+
+
+class LostProcess(Preempted):
+    """Another process of a multi-process run went away (killed, crashed, its host lost): this one stops with
+    one line naming it and the newest checkpoint every process wrote. Exit code 1."""
+
+    def __init__(self, who: str, error: BaseException, run_dir: Path, latest: Path | None):
+        self.signum, self.run_dir, self.checkpoint, self.exit_code = None, Path(run_dir), latest, 1
+        self.resume_command = f"python -m scripts.train resume={self.run_dir.absolute()}"
+        reason = checkpoint.one_line(error)
+        then = (f"the newest checkpoint all processes share: {latest}; resume the whole run with: "
+                f"{self.resume_command}" if latest is not None else "no checkpoint was written yet")
+        Exception.__init__(self, f"{who} went away ({reason}); this process stops; {then}")
