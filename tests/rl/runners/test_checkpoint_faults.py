@@ -23,6 +23,11 @@ from rl.infra import checkpoint
 from rl.runners import loop
 from tests.conftest import TINY_DQN
 
+COVERS = {"train.checkpoint.every_minutes": ["test_checkpoints_by_wall_time_land_inside_log_intervals_and_resume",
+                                             "test_every_minutes_zero_writes_none_by_time"],
+          "train.checkpoint.on_error": ["test_a_failed_save_stops_the_run_with_the_resume_command",
+                                        "test_on_error_continue_goes_on_and_the_next_checkpoint_saves"]}
+
 BASE = [*TINY_DQN, "log_interval=400", "checkpoint.interval=400", "checkpoint.keep=3"]
 RUN = [*BASE, "total_steps=1200"]
 
