@@ -16,7 +16,8 @@ from typing import Any
 from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, gymnax_style, require
 
 RUNNER = "anakin"  # steps these envs inside its jitted loop (rl/runners/anakin.py)
-TASKS = ("Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1", "Craftax-Classic-Pixels-v1", "Craftax-Pixels-v1")
+TASKS = ("Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1", "Craftax-Classic-Pixels-v1",
+         "Craftax-Pixels-v1")
 
 
 @dataclasses.dataclass
@@ -26,7 +27,7 @@ class EnvConfig:
     source: str = "craftax"
     id: str = "Craftax-Classic-Symbolic-v1"  # one of TASKS
     family: str | None = "vector"  # the agents' preset it takes (rl.config.ENV_FAMILIES)
-    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # EnvParams overrides, e.g. {max_timesteps: 100}
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of EnvParams
 
     def __post_init__(self):
         if self.source != "craftax":
