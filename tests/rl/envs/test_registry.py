@@ -1,6 +1,6 @@
 """rl/envs/__init__.py: the env-source registry. Adding a source is one module `rl/envs/<name>_source.py`
 (`EnvConfig`, `make_source`, `RUNNER`), shown here by adding one: a toy source in a temporary folder on the
-package's path trains DQN end to end through `rl.experiment.run` (its greedy evaluation too)."""
+package's path trains DQN end to end through `agents.experiment.run` (its greedy evaluation too)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import rl.envs
-from rl.config import ConfigError, compose
+from agents.setup import compose
+from rl.config import ConfigError
 
 TOY = '''
 """A toy source: each episode is LENGTH steps; action 1 pays 1, action 0 pays 0; obs = steps left."""
@@ -80,7 +81,7 @@ def test_sources_are_the_source_modules_of_the_package():
 def test_a_new_source_is_one_module_and_trains(toy, tmp_path):
     """The toy source is found by name, typed by its EnvConfig, built by its make_source, stepped by the runner
     its RUNNER names; DQN learns to press 1 (greedy return = the episode length 5)."""
-    from rl.experiment import run
+    from agents.experiment import run
 
     assert rl.envs.sources()["toy"] == "rl.envs.toy_source"
     assert rl.envs.env_config({"source": "toy", "length": 3}).length == 3
