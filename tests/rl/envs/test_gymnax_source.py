@@ -139,14 +139,15 @@ def test_matches_unbatched_gymnax_with_array_valued_env_state():
 
 def test_gymnax_plotting_imports_load_on_first_use(monkeypatch):
     """gymnax imports seaborn and matplotlib.pyplot for its `render` helpers alone (~1.7 s of a process start):
-    importing rl.envs leaves stand-ins (`OnFirstUse`) that import a module when an attribute is first read and
-    then read as it."""
+    the setup step (`agents.setup.setup`, not the import of rl.envs) leaves stand-ins (`OnFirstUse`) that import a
+    module when an attribute is first read and then read as it."""
     import subprocess
     import sys
 
     from rl.envs import OnFirstUse
 
-    probe = ("import sys, matplotlib, rl.envs.gymnax_source, gymnax.environments.misc.pong as pong; "
+    probe = ("import sys, matplotlib; from agents.setup import setup; setup(); "
+             "import rl.envs.gymnax_source, gymnax.environments.misc.pong as pong; "
              "print(type(pong.sns).__name__, 'seaborn.palettes' in sys.modules, 'matplotlib.figure' in sys.modules, "
              "type(matplotlib.pyplot).__name__)")  # the package attribute too (`matplotlib.pyplot.plot(...)`)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)

@@ -140,8 +140,8 @@ def test_every_population_key_is_traced(tmp_path):
     assert pop["eval_returns"] == alone["eval_returns"]
 
 
-def test_the_readme_lists_dqns_population_keys():
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+def test_the_docs_list_dqns_population_keys():
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "scaling.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| DQN | `optim.lr`"))
     assert re.findall(r"`([\w.]+)`", row.split("|")[2]) == ["optim.lr", "lr", *POPULATION_KEYS[1:]]
 

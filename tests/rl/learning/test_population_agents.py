@@ -38,7 +38,8 @@ EVERY_KEY = {
              "epsilon_alpha": 3.0},
     "muesli": {"discount": 0.95, "retrace_lambda": 0.8, "target_update_rate": 0.2, "adv_var_decay": 0.9,
                "cmpo_clip": 0.5, "pg_weight": 2.0, "cmpo_weight": 0.5, "model_policy_weight": 0.7,
-               "value_weight": 0.5, "reward_weight": 0.8, "dynamics_grad_scale": 0.3},
+               "value_weight": 0.5, "reward_weight": 0.8, "dynamics_grad_scale": 0.3, "entropy_weight": 0.02,
+               "prior_uniform_mix": 0.05},
 }
 
 
@@ -114,8 +115,8 @@ def test_refused_shape_keys(agent, key):
 
 
 @pytest.mark.parametrize("agent, name", [("r2d2", "R2D2"), ("muesli", "Muesli")])
-def test_the_readme_lists_the_population_keys(agent, name):
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+def test_the_docs_list_the_population_keys(agent, name):
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "scaling.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith(f"| {name} | `optim.lr`"))
     keys = population_keys(agent)
     assert re.findall(r"`([\w.]+)`", row.split("|")[2]) == ["optim.lr", "lr", *keys[1:]]
