@@ -97,7 +97,7 @@ def run_step(step: Step, dry: bool, log=print) -> dict:
         env["JAX_PLATFORMS"] = "cpu"
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)  # noqa: PLW1509 (no threads here)
     status = None
     try:
         out, _ = proc.communicate(timeout=step.interrupt_s or step.limit_s)
@@ -118,6 +118,12 @@ def run_step(step: Step, dry: bool, log=print) -> dict:
     log_tail = Path(step.log).read_text().splitlines()[-20:] if step.log and Path(step.log).exists() else []
     return {"name": step.name, "command": "python -m " + " ".join(step.argv), "wall_s": wall,
             "returncode": proc.returncode, "status": status, "json": records, "tail": lines[-15:], "log": log_tail}
+
+
+def _default_sigint():
+    """In the step's process before it starts: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt even when this script runs where SIGINT is ignored (a background job, a test worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _is_json(line: str) -> bool:

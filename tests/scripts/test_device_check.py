@@ -40,9 +40,14 @@ def test_dry_run_of_bench_train_writes_its_json_to_the_report(tmp_path):
     assert [r["seeds"] for r in records] == [1, 2] and all(r["kernels"] > 0 for r in records)
 
 
-def test_a_step_is_interrupted_as_planned_and_its_log_reaches_the_report(tmp_path):
-    """A step past its `interrupt_s` gets SIGINT (a run's clean stop) and is reported as such; the last lines of
+def test_a_step_is_interrupted_as_planned_and_its_log_reaches_the_report(tmp_path, request):
+    """A step past its `interrupt_s` gets SIGINT (a run's clean stop) and is reported as such, also when this
+    process ignores SIGINT (a background job, an xdist worker: the step must not inherit that); the last lines of
     the log file it names (a run's train.log: its SPS) go into the report."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     log = tmp_path / "train.log"
     log.write_text("env step 1,000 per seed: 5,000 SPS (all seeds), ret=9.5\n")
     step = device_check.Step("sleeper", ("timeit", "-n", "1000000000", "pass"), limit_s=20, interrupt_s=1,
