@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, gymnax_style, require
+from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, gymnax_style, override_params, require
 
 RUNNER = "anakin"  # steps these envs inside its jitted loop (rl/runners/anakin.py)
 TASKS = ("Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1", "Craftax-Classic-Pixels-v1",
@@ -42,12 +42,7 @@ def single_env(cfg: EnvConfig) -> SingleEnv:
     make = require("craftax.craftax_env", "craftax").make_craftax_env_from_name
     env = make(cfg.id, auto_reset=False)
     params = env.default_params
-    if cfg.params:
-        unknown = sorted(set(cfg.params) - set(params.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"env.params: {unknown} are not parameters of {cfg.id}; "
-                             f"known: {sorted(params.__dataclass_fields__)}")
-        params = params.replace(**cfg.params)
+    params = override_params(params, cfg.params, cfg.id)
 
     def split(state, done, info):
         over = env.is_terminal(state.replace(timestep=jnp.zeros_like(state.timestep)), params)

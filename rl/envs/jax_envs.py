@@ -100,6 +100,18 @@ def require(module: str, source: str):
                           f'pip install -e ".[{source}]"') from None
 
 
+def override_params(params, overrides: dict | None, env_id: str):
+    """The library's env params (a dataclass with `replace`) with `env.params` `overrides`; an unknown name is
+    refused in one line listing the known ones."""
+    if not overrides:
+        return params
+    known = sorted(params.__dataclass_fields__)
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ValueError(f"env.params: {unknown} are not parameters of {env_id}; known: {known}")
+    return params.replace(**overrides)
+
+
 def check_id(source: str, env_id: str, known: Sequence[str]) -> None:
     """Refuse a task id the library does not register, with one line listing the ones it does."""
     if env_id not in known:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, require
+from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, override_params, require
 
 RUNNER = "anakin"  # steps these envs inside its jitted loop (rl/runners/anakin.py)
 
@@ -43,12 +43,7 @@ def single_env(cfg: EnvConfig) -> SingleEnv:
     from xminigrid.types import StepType
 
     env, params = xminigrid.make(cfg.id)
-    if cfg.params:
-        unknown = sorted(set(cfg.params) - set(params.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"env.params: {unknown} are not parameters of {cfg.id}; "
-                             f"known: {sorted(params.__dataclass_fields__)}")
-        params = params.replace(**cfg.params)
+    params = override_params(params, cfg.params, cfg.id)
 
     def reset(key):
         ts = env.reset(params, key)
