@@ -15,17 +15,13 @@ logging, checkpoints, faults and evaluation; agents/experiment.py builds the age
   `lax.cond` and blocks of known trip count (`_repeat`): a GPU waits on the host for every conditional's
   predicate and every step of a loop of unknown length, a large share of a small agent's iteration.
 * Seeds are vmapped (seed i uses PRNGKey(cfg.seed + i)); a population (rl/learning/population.py) makes
-  the axis members x seeds rows, row `m * seeds + j` being member m with seed j. Except initialisation,
-  which maps over seeds one at a time: a vmapped init batches the orthogonal initialisers' QR factorisations, and on XLA:CPU
-  several batched LAPACK calls in flight at once can occupy every intra-op thread while each waits for
-  its own sub-tasks on that pool (a deadlock seen with R2D2's LSTM and 2 seeds on 2 cores).
+  the axis members x seeds rows, row `m * seeds + j` being member m with seed j. Initialisation maps over
+  seeds one at a time: batched LAPACK calls (the orthogonal initialisers' QR) can deadlock XLA:CPU's pool.
 * Population-based training (`population.pbt`, rl/learning/pbt.py): the rows also count their finished
   episodes' returns (`RunnerState.pbt`), and the train iterations run in segments that end at PBT events, each
-  followed by the event (`_pbt_event`: a gather over the member axis inside the chunk; under `lax.cond` on CPU,
-  computed and selected on accelerators, as the train step). `advance` ends a compiled call at each event to
-  hand its lineage (M sources, returns and hyperparameters; no parameters) to `lineage` (rl/infra/lineage.py;
-  agents/experiment.py points it at the run dir's pbt.csv), and `row_values` gives the rows' current
-  hyperparameters for their metrics.csv rows. Without PBT nothing of this runs.
+  followed by the event (`_pbt_event`: a gather over the member axis, branched as the train step). `advance`
+  ends a compiled call at each event to hand its lineage (M sources, returns, hyperparameters) to `lineage`
+  (rl/infra/lineage.py); `row_values` gives the rows' hyperparameters for metrics.csv. Without PBT none runs.
 * Resuming from a chunk boundary is bit-exact on CPU.
 """
 
@@ -53,10 +49,7 @@ from rl.runners.evaluate import seeds_evaluator
 from rl.runners.replay_ratio import ReplayRatio
 from rl.runners.totals import Totals
 
-# Iterations per block of known trip count on accelerators (`_repeat`): the device waits on the host for a loop
-# predicate once per block instead of once per iteration; a chunk's last `n % ACCELERATOR_BLOCK` iterations
-# still wait once each.
-ACCELERATOR_BLOCK = 32
+ACCELERATOR_BLOCK = 32  # iterations per block on accelerators: one host wait per block, not per iteration
 
 
 @struct.dataclass
@@ -79,8 +72,7 @@ class Anakin:
     cheap_eval = True  # greedy episodes vmapped inside jit (rl/runners/evaluate.py)
 
     def __init__(self, cfg: TrainConfig, agent, source=None):
-        """`cfg`: the typed config (`agents.experiment.validate`); `agent` follows rl/learning/agent.py, built for
-        the spaces of `source` (`rl.envs.make_source(cfg.env, cfg.num_envs)`, built here when not given)."""
+        """`cfg`: the typed config; `agent` (rl/learning/agent.py) built for `source`'s spaces (default: made here)."""
         self.cfg = cfg
         self.members = agent.members if isinstance(agent, Population) else 1
         self.pbt = agent.pbt if isinstance(agent, Population) else None  # rl/learning/pbt.py PBTConfig or None
@@ -191,10 +183,9 @@ class Anakin:
         return s.replace(agent=agent_state, buffer=buffer_state, key=keys[:, 0]), (metrics, bad)
 
     def _iteration(self, s: RunnerState, it: jax.Array, totals: Totals, train: bool):
-        """One iteration; with `train` also the train step and its sums into `totals`, taken from iteration
-        `learn_iter - 1` on where the buffer can sample: under `lax.cond` on CPU (the sums inside the branch),
-        computed and selected on accelerators (`select`; XLA folds the select away for leaves the step leaves
-        untouched, such as the buffer's storage)."""
+        """One iteration; with `train` also the train step and its sums into `totals` from iteration
+        `learn_iter - 1` on where the buffer can sample: under `lax.cond` on CPU, computed and selected on
+        accelerators (`select`; XLA folds it away for leaves the step leaves untouched, such as the storage)."""
         s, finished = sharding.vmap_seeds(self._collect)(s)
         totals = totals.add_episodes(finished.count, finished.score, finished.length)
         if self.pbt is not None:
