@@ -22,9 +22,11 @@ Config (`configs/distributed/*.yaml`, all keys optional):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -146,6 +148,73 @@ def peer_lost(error: BaseException) -> bool:
     return any(s in str(error) for s in PEER_LOST)
 
 
+# A process that dies while the others wait for it outside a collective (in `exchange`, or a checkpoint's
+# barrier) raises nothing in them: the runtime only notices at its heartbeat timeout (100 s) and then aborts
+# with a C++ stack dump. So each process also sets its own beat key every BEAT_S from a daemon thread, which
+# watches the others' keys and reports a peer whose key has not changed for STALE_S. The thread needs only
+# the GIL, which XLA releases while it compiles and runs, so a busy process still beats.
+BEAT_S = 1.0
+STALE_S = 20.0
+DONE = "done"
+_watches = 0  # watches begun by this process (every process begins the same ones, in order)
+
+
+class PeerSilent(RuntimeError):
+    """Another process's beat key stopped changing: it is gone (or frozen)."""
+
+
+@contextlib.contextmanager
+def watch_peers(on_lost: Callable[[str, BaseException], None]) -> Iterator[None]:
+    """While inside (several processes; nothing with one): beat this process's key and call
+    `on_lost(who, PeerSilent)` from the watching thread when a peer falls silent. `on_lost` must end the
+    process (the main thread may be blocked in a barrier that never returns)."""
+    import jax
+
+    n, me = jax.process_count(), jax.process_index()
+    if n == 1:
+        yield
+        return
+    global _watches
+    _watches += 1
+    key, stop, client = f"rl/alive/{_watches}/", threading.Event(), _client()
+    thread = threading.Thread(target=_watch, args=(client, key, me, n, on_lost, stop), daemon=True,
+                              name="rl-peer-watch")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5 * BEAT_S)  # a read of an unreachable coordinator may hang
+        with contextlib.suppress(Exception):
+            client.key_value_set(f"{key}{me}", DONE, allow_overwrite=True)  # the peers stop judging this one
+
+
+def _watch(client, key: str, me: int, n: int, on_lost, stop: threading.Event, clock=time.monotonic) -> None:
+    """The watching thread: every BEAT_S set `<key><me>` to a new count and read every peer's; a peer whose
+    value has not changed for STALE_S is reported once and the thread ends. A peer is judged only once its
+    first beat is seen (processes reach the loop seconds apart: a slow start is not a death) and no more
+    once it is DONE (it left the watch normally)."""
+    seen = {p: (None, 0.0) for p in range(n) if p != me}
+    beat = 0
+    while not stop.wait(BEAT_S):
+        beat += 1
+        with contextlib.suppress(Exception):  # the coordinator (process 0) gone: the peers' reads show it
+            client.key_value_set(f"{key}{me}", str(beat), allow_overwrite=True)
+        now = clock()
+        for p, (value, since) in list(seen.items()):
+            try:
+                got = client.key_value_try_get(f"{key}{p}")
+            except Exception:  # noqa: BLE001 - not set yet (NOT_FOUND) or the coordinator unreachable
+                got = None
+            if got == DONE:
+                del seen[p]
+            elif got is not None and got != value:
+                seen[p] = (got, now)
+            elif value is not None and now - since > STALE_S:
+                on_lost(f"process {p} of {n}", PeerSilent(f"no heartbeat for {now - since:.0f} s"))
+                return
+
+
 def lost_peer() -> str:
     """Which process went away, as far as this one can tell: with two, the other one."""
     import jax
@@ -154,9 +223,10 @@ def lost_peer() -> str:
     return f"process {1 - me} of 2" if n == 2 else f"another of the {n} processes"
 
 
-def leave(code: int) -> None:
-    """At interpreter exit, end this process with `code` at once, before JAX's own exit handlers (the
-    distributed shutdown that would wait for a dead peer and abort); output is flushed first."""
+def leave(code: int, now: bool = False) -> None:
+    """End this process with `code` without JAX's own exit handlers (the distributed shutdown that would
+    wait for a dead peer and abort), output flushed first: at interpreter exit, or `now` (from a thread
+    while the main thread is blocked)."""
     import atexit
     import os
     import sys
@@ -166,6 +236,8 @@ def leave(code: int) -> None:
         sys.stderr.flush()
         os._exit(code)
 
+    if now:
+        end()
     atexit.register(end)  # atexit runs last-registered first: before jax's shutdown
 
 

@@ -39,11 +39,14 @@ policy and return the result dict: `{"env_steps", "eval_returns" [S, K], "episod
 Several processes (jax.distributed): every process runs this loop on the same global state; before each
 compiled call they agree on its end (process 0's) and on stopping (any process's signal:
 `distributed.agree`; a checkpoint by wall time when process 0's clock says so), so all make the same calls
-and checkpoint together; a checkpoint is resumed only by as many processes as wrote it.
+and checkpoint together; a checkpoint is resumed only by as many processes as wrote it. A process that goes
+away stops the others with one line (`LostProcess`): its collective's error, or its silence
+(`distributed.watch_peers`) wherever the others wait.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -249,7 +252,22 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
     state, env_steps, partial = _start(cfg, runner, logger, resume_from)
     # A run resumed from its final checkpoint (stopped before its summary) has nothing new to save.
     saver = Saver(cfg, logger, checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from else None)
-    with SignalWatch(logger.note) as watch:
+    reported = threading.Lock()
+
+    def report_lost(who: str, error: BaseException) -> LostProcess:
+        """The one line of a lost process, from the main thread (a collective's error) or the peer watch's
+        thread (which then ends the process: the main thread may be stuck in a barrier); whichever comes
+        second waits for the first to end the process."""
+        if not reported.acquire(blocking=False):
+            threading.Event().wait()
+        lost = LostProcess(who, error, logger.run_dir, saver.latest)
+        logger.note(str(lost))
+        return lost
+
+    def silent_peer(who: str, error: BaseException) -> None:
+        distributed.leave(report_lost(who, error).exit_code, now=True)
+
+    with SignalWatch(logger.note) as watch, distributed.watch_peers(silent_peer):
         try:
             state, env_steps, last, partial = _train(cfg, runner, logger, state, env_steps, watch, saver, partial)
             # A signal that came after the last call stops every process here; one landing during this last
@@ -265,8 +283,7 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
         except jax.errors.JaxRuntimeError as e:
             if not distributed.peer_lost(e):
                 raise
-            lost = LostProcess(distributed.lost_peer(), e, logger.run_dir, saver.latest)
-            logger.note(str(lost))
+            lost = report_lost(distributed.lost_peer(), e)
             distributed.leave(lost.exit_code)
             raise lost from None
         ckpt = saver.latest

@@ -58,9 +58,8 @@ def test_other_runtime_errors_are_not_taken_for_a_lost_peer():
 def test_a_killed_process_stops_the_other_within_a_minute_and_the_run_resumes(tmp_path):
     """Process 1 killed (SIGKILL) 3 s into the sub-chunks (~10 s each) after the first log and checkpoint:
     process 0's collective fails and it stops within a minute, exit 1, one line naming process 1 and the
-    checkpoint, no traceback or C++ stack; both resume from it and finish. (A process killed while the
-    others wait for it outside a collective, in the agreement or a checkpoint's barrier, is not caught:
-    they abort at the runtime's heartbeat timeout, docs/faults.md.)"""
+    checkpoint, no traceback or C++ stack (wherever it waited: a collective's error, or the peer watch's
+    silence in the agreement or a barrier); both resume from it and finish."""
     run_dirs = [tmp_path / "p0", tmp_path / "p1"]
     overrides = [*TINY_DQN, "seeds=2", "total_steps=100000", "log_interval=1000", "eval_episodes=0",
                  "checkpoint.interval=1000"]
@@ -82,3 +81,26 @@ def test_a_killed_process_stops_the_other_within_a_minute_and_the_run_resumes(tm
     for code, text in _finish(resumed, "resumed"):
         assert code == 0, text[-3000:]
     assert checkpoint.latest_step(run_dirs[0]) == step + 400
+
+
+@pytest.mark.slow  # one 2-process run (~1 min)
+def test_a_frozen_process_is_reported_by_its_silence_within_a_minute(tmp_path):
+    """Process 1 stopped (SIGSTOP: its sockets stay open, so no collective fails; the survivor waits in a
+    collective or the agreement): process 0's peer watch reports it after STALE_S, in one line, exit 1."""
+    run_dirs = [tmp_path / "p0", tmp_path / "p1"]
+    procs = _start(run_dirs, *TINY_DQN, "seeds=2", "total_steps=100000", "log_interval=1000", "eval_episodes=0",
+                   "checkpoint.interval=1000")
+    metrics, t0 = run_dirs[0] / "metrics.csv", time.monotonic()
+    while not metrics.exists() and time.monotonic() - t0 < WATCHDOG_S and procs[0].poll() is None:
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        code, text = _finish(procs[:1], "a process frozen", watchdog_s=120)[0]
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert time.monotonic() - stopped < 60 and code == 1, text[-3000:]
+    lines = [line for line in text.splitlines() if "went away" in line]
+    assert len(lines) == 1 and lines[0].startswith("process 1 of 2 went away (no heartbeat for "), text[-3000:]
+    assert "Check failure" not in text and "Traceback" not in text
