@@ -5,13 +5,17 @@ Tasks: `Craftax-Classic-Symbolic-v1` (observations `[1345]` float32, 17 actions,
 `[H, W, 3]` float32 in [0, 1]), dtype kept. The envs are the library's no-auto-reset ones (gymnax's
 `reset_env`/`step_env`; rl/envs/jax_envs.py resets). Craftax's `done` joins death (and, in full Craftax,
 beating the final boss) with the time limit; the source splits them: terminated where the game is over
-without the time limit, truncated where only `max_timesteps` ended it.
+without the time limit, truncated where only `max_timesteps` ended it. Videos (any task, symbolic too): the
+library's pixel renderer of the state at 16 px a block, uint8 (Classic `[144, 144, 3]`, full `[208, 176, 3]`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
+
+import numpy as np
 
 from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, gymnax_style, override_params, require
 
@@ -48,7 +52,26 @@ def single_env(cfg: EnvConfig) -> SingleEnv:
         over = env.is_terminal(state.replace(timestep=jnp.zeros_like(state.timestep)), params)
         return done & over, done & ~over
 
-    return gymnax_style(env, params, cfg.id, split, int(params.max_timesteps))
+    classic = "Classic" in cfg.id
+
+    def render(state):
+        """Craftax's pixel renderer (16 px a block, the game's view and inventory) of one state, as uint8."""
+        return np.asarray(_pixel_renderer(classic)(state)).clip(0, 255).astype(np.uint8)
+
+    return dataclasses.replace(gymnax_style(env, params, cfg.id, split, int(params.max_timesteps)), render=render)
+
+
+@functools.cache
+def _pixel_renderer(classic: bool):
+    """Craftax's (Classic's) `make_craftax_pixel_renderer` at `BLOCK_PIXEL_SIZE_IMG`, jitted: state -> float
+    `[H, W, 3]` in 0..255. Built on first use: building loads the textures (the first time full Craftax's are
+    processed, about 2 minutes on 2 cores, then read from the library's cache)."""
+    import jax
+
+    lib = "craftax.craftax_classic" if classic else "craftax.craftax"
+    renderer = require(f"{lib}.renderer", "craftax")
+    size = require(f"{lib}.constants", "craftax").BLOCK_PIXEL_SIZE_IMG
+    return jax.jit(renderer.make_craftax_pixel_renderer(size))
 
 
 def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> JaxEnvSource:

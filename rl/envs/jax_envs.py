@@ -24,6 +24,9 @@ Helpers for adapters: `require` imports a library or fails with one line naming 
 an unknown task id with one line, `discrete_actions` refuses a non-discrete action space with one line,
 `gymnax_style` builds a `SingleEnv` from a library with gymnax's `reset_env`/`step_env` API (Craftax, POPGym
 Arcade).
+
+A `SingleEnv` may carry `render(state) -> [H, W, 3]` uint8, its library's drawing of one env's state, which
+`--video` films (rl/envs/jax_video.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rl.config import ConfigError
 from rl.envs.gymnax_source import Timestep
@@ -49,6 +53,9 @@ class SingleEnv:
     reset: Callable[[jax.Array], tuple[Any, jax.Array]]
     step: Callable[[jax.Array, Any, jax.Array], tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]]
     max_episode_steps: int | None  # the library's time limit (greedy evaluation stops there), None: unknown
+    # The library's own drawing of one env's state (as `reset`/`step` return it, unbatched) -> [H, W, 3] uint8,
+    # called on the host by the videos (rl/envs/jax_video.py); None: the library draws none.
+    render: Callable[[Any], np.ndarray] | None = None
 
 
 class JaxEnvSource:

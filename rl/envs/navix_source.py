@@ -5,7 +5,8 @@ whole grid `[H, W, 3]` uint8; `symbolic_first_person` the agent's 7x7 view; `cat
 dtype kept. navix's `Timestep` is the env state and its `step_type` says how an episode ended (2:
 termination, 1: truncation at `env.max_steps`). navix's `step` auto-resets one step late (on the step after
 the last); the source steps with its `_step` (no reset) and resets the same step, as every source does.
-Steps draw no randomness (the state carries navix's own key). The rest of the contract: rl/envs/jax_envs.py.
+Steps draw no randomness (the state carries navix's own key). Videos: navix's `rgb` drawing of the whole grid,
+whatever the agent observes, 4x: `[32 H, 32 W, 3]` uint8. The rest of the contract: rl/envs/jax_envs.py.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+import numpy as np
+
 from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, discrete_actions, require
 
 RUNNER = "anakin"  # steps these envs inside its jitted loop (rl/runners/anakin.py)
 OBSERVATIONS = ("symbolic", "symbolic_first_person", "categorical", "categorical_first_person", "rgb",
                 "rgb_first_person")
 TERMINATION, TRUNCATION = 2, 1  # navix.environments.environment.StepType
+RENDER_SCALE = 4  # video frames: navix's 8 px tiles drawn at 32 px
 
 
 @dataclasses.dataclass
@@ -55,8 +60,14 @@ def single_env(cfg: EnvConfig) -> SingleEnv:
         ts = env._step(ts, action)  # navix's step without its one-step-late reset
         return ts, ts.observation, ts.reward, ts.step_type == TERMINATION, ts.step_type == TRUNCATION
 
+    rgb = jax.jit(lambda ts: nx.observations.rgb(ts.state))
+
+    def render(ts):
+        """navix's `rgb` drawing of the whole grid (8 px a tile), enlarged 4x: `[32 H, 32 W, 3]` uint8."""
+        return np.repeat(np.repeat(np.asarray(rgb(ts)), RENDER_SCALE, 0), RENDER_SCALE, 1)
+
     return SingleEnv(name=cfg.id, num_actions=discrete_actions(cfg.id, env.action_space), reset=reset,
-                     step=step, max_episode_steps=cfg.max_steps)
+                     step=step, max_episode_steps=cfg.max_steps, render=render)
 
 
 def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> JaxEnvSource:

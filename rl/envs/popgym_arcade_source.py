@@ -5,13 +5,16 @@ are the library's frames `[S, S, 3]` uint8 (S = 128), dtype kept; `env.partial_o
 observable version of a game (what an agent must remember is hidden from the frame). The envs are stepped
 with gymnax's `reset_env`/`step_env` (rl/envs/jax_envs.py resets); each game reports `info["terminated"]`
 and `info["truncated"]` (its step limit), which the source keeps apart: an episode that ends without its
-step limit, or ends by the game's own end, is terminated.
+step limit, or ends by the game's own end, is terminated. Videos: the game's `render` of the state, the
+frame the agent observes (`[128, 128, 3]` uint8; partial where `env.partial_obs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import numpy as np
 
 from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, gymnax_style, require
 
@@ -65,7 +68,8 @@ def single_env(cfg: EnvConfig) -> SingleEnv:
         # stable-gymnax, whose `discount` reads `is_terminal`, and gymnax 1.0's reads `is_terminated`, which
         # they lack. Only that info entry reads it (the source splits the ends itself, `ends`).
         env.is_terminated = env.is_terminal
-    return gymnax_style(env, params, cfg.id, lambda state, done, info: ends(done, info), _max_steps(env, params))
+    single = gymnax_style(env, params, cfg.id, lambda state, done, info: ends(done, info), _max_steps(env, params))
+    return dataclasses.replace(single, render=lambda state: np.asarray(env.render(state)))  # the game's own frame
 
 
 def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> JaxEnvSource:

@@ -15,13 +15,16 @@
     -> `[240, 240, 3]`;
   - MountainCar-v0 (`[position, velocity]`): the hill, the car, the goal flag -> `[240, 320, 3]`;
   - envpool Atari (`[stack, 84, 84]` uint8 grey): the newest frame of the stack, 2x -> `[168, 168, 3]`.
-  Every size divides by 8, so an MP4 is written unscaled.
+  Every size divides by 8, so an MP4 is written unscaled. The JAX env libraries' sources (xminigrid, navix,
+  craftax, popgym_arcade) are drawn from their env state by the library's own renderer instead
+  (rl/envs/jax_video.py); `renderer` is not theirs.
 * `record(env_cfg, policy, episodes, seed, max_frames) -> Video`: one env stepped on the host, one step at a
   time, acting with `policy` (`agents.experiment.load_policy`: `act(obs [1, ...], carry, key) -> (actions [1], carry)`,
   `initial_carry(1)`), for `episodes` whole episodes or until `max_frames` frames. A gymnax env contributes
   each episode's first observation and the observation each action led to (the terminal one included); an
   envpool env each recv's observation (Atari: a new life continues the game, the carry restarts as in
-  training). Returns are the env's raw rewards summed per finished episode (Atari: per game).
+  training); a JAX library's env (rl/envs/jax_video.py) each episode's first state and the state each action
+  led to. Returns are the env's raw rewards summed per finished episode (Atari: per game).
 * `write(path, video)`: the frames as a looping GIF or an MP4 at the video's frame rate. A GIF keeps a run
   of identical frames as one longer frame (pillow), so it may hold fewer frames than written, same duration.
 """
@@ -44,7 +47,8 @@ MINATAR = ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-M
 _GYMNAX = {"CartPole-v1": "cartpole", "Acrobot-v1": "acrobot", "MountainCar-v0": "mountaincar",
            "Catch-bsuite": "catch", **dict.fromkeys(MINATAR, "minatar")}
 HAS_VIDEO = ("gymnax: CartPole-v1, Acrobot-v1, MountainCar-v0, Catch-bsuite and the MinAtar games; "
-             "envpool: CartPole-v1 and the Atari tasks")
+             "envpool: CartPole-v1 and the Atari tasks; the xminigrid, navix, craftax and popgym_arcade tasks")
+OBS_SOURCES = ("gymnax", "envpool")  # drawn from their observations here; every other source by jax_video
 # Colour of MinAtar channel c (cycled past 10 channels; Seaquest has 10): matplotlib's tab10.
 MINATAR_PALETTE = np.array([[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189],
                             [140, 86, 75], [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]],
@@ -88,6 +92,9 @@ def _is_atari(task_id: str) -> bool:
 
 
 def _kind(env_cfg) -> str:
+    if env_cfg.source not in OBS_SOURCES:
+        raise ConfigError(f"{env_cfg.source} envs are drawn from their state (rl/envs/jax_video.py), "
+                          f"not by an observation renderer")
     if env_cfg.source == "envpool":
         kind = "cartpole" if env_cfg.id == "CartPole-v1" else "atari" if _is_atari(env_cfg.id) else None
     else:
@@ -98,7 +105,12 @@ def _kind(env_cfg) -> str:
 
 
 def check_env(env_cfg) -> None:
-    _kind(env_cfg)
+    if env_cfg.source in OBS_SOURCES:
+        _kind(env_cfg)
+    else:
+        from rl.envs import jax_video
+
+        jax_video.check(env_cfg)
 
 
 def minatar_frame(obs: np.ndarray) -> np.ndarray:
@@ -271,8 +283,12 @@ def record(env_cfg, policy, episodes: int, seed: int = 0, max_frames: int = 2000
     key = jax.random.PRNGKey(seed)
     if env_cfg.source == "envpool":
         frames, returns, fps = _envpool_episodes(env_cfg, policy, episodes, key, seed, max_frames)
-    else:
+    elif env_cfg.source == "gymnax":
         frames, returns, fps = _gymnax_episodes(env_cfg, policy, episodes, key, max_frames)
+    else:
+        from rl.envs import jax_video
+
+        frames, returns, fps = jax_video.episodes(env_cfg, policy, episodes, key, max_frames)
     return Video(np.stack(frames), returns, fps)
 
 

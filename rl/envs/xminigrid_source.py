@@ -3,7 +3,8 @@
 Observations are the library's symbolic first-person view `[V, V, 2]` uint8 (tile id, colour; V =
 `params.view_size`, 3 for the Memory tasks). xminigrid's `TimeStep` is the env state; an episode ends at
 `step_type == LAST`, terminated where the library's `discount` is 0 (the goal), truncated at `max_steps`
-otherwise. Steps draw no randomness (the state carries the library's own key). The rest of the contract:
+otherwise. Steps draw no randomness (the state carries the library's own key). Videos: xminigrid's own RGB
+drawing of the whole grid (`env.render`, 32 px a tile, `[32 H, 32 W, 3]` uint8). The rest of the contract:
 rl/envs/jax_envs.py.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import jax
 
 from rl.envs.jax_envs import JaxEnvSource, SingleEnv, check_id, override_params, require
 
@@ -55,8 +58,12 @@ def single_env(cfg: EnvConfig) -> SingleEnv:
         terminated = last & (ts.discount == 0)
         return ts, ts.observation, ts.reward, terminated, last & ~terminated
 
+    def render(ts):
+        """xminigrid's RGB drawing of the whole grid (32 px a tile, the agent's view highlighted), numpy."""
+        return env.render(params.replace(render_mode="rgb_array"), jax.device_get(ts))
+
     return SingleEnv(name=cfg.id, num_actions=env.num_actions(params), reset=reset,
-                     step=step, max_episode_steps=int(params.max_steps) or None)
+                     step=step, max_episode_steps=int(params.max_steps) or None, render=render)
 
 
 def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int | None = None) -> JaxEnvSource:
