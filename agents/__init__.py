@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rl.config import ConfigError, to_dataclass
-from rl.presets import env_families, register_agent
+from rl.presets import env_families, fold_lr, register_agent
 
 APPLICATION = ("experiment", "setup")  # modules of this package that are the application layer, not agents
 
@@ -74,10 +74,8 @@ def agent_config(section: Any):
         raise ConfigError(f"agent.name={name!r} is not an agent; available: {available_agents()}")
     if isinstance(section, DictConfig):
         section = OmegaConf.to_container(section, resolve=True)
-    if isinstance(section, dict) and "lr" in section:
-        section = dict(section)
-        lr, optim = section.pop("lr"), dict(section.get("optim") or {})
-        section["optim"] = {"lr": lr, **optim}
+    if isinstance(section, dict):
+        section = fold_lr(section)
     return to_dataclass(importlib.import_module(f"agents.{name}").Config, section, "agent")
 
 
@@ -93,11 +91,13 @@ def population_bounds(name: str) -> dict[str, tuple[float, float]]:
     return dict(getattr(importlib.import_module(f"agents.{name}"), "POPULATION_BOUNDS", {}))
 
 
-def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
+def make_agent(cfg: Any, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int,
+               total_steps: int | None = None):
     """Build the agent `cfg.name` for envs with `obs_shape`/`obs_dtype` observations (no batch dim),
     `num_actions` discrete actions and `num_envs` parallel envs (one buffer row each). `cfg` is the agent's
-    `Config` or a section `agent_config` turns into it."""
+    `Config` or a section `agent_config` turns into it. `total_steps`: the run's env steps per seed, the
+    length of `optim.lr_schedule=linear` with `optim.lr_decay_updates=0` (the agent's `run_updates`)."""
     cfg = agent_config(cfg)
     module = importlib.import_module(f"agents.{cfg.name}")
     return module.make_agent(cfg, obs_shape=tuple(obs_shape), obs_dtype=obs_dtype, num_actions=int(num_actions),
-                             num_envs=int(num_envs))
+                             num_envs=int(num_envs), total_steps=total_steps)

@@ -30,6 +30,7 @@ from rl.learning.agent import StepFormat, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.population import hyperparams
+from rl.learning.replay_ratio import ReplayRatio
 from rl.learning.schedules import linear
 from rl.learning.target_update import TargetNetState, update_target
 from rl.learning.targets import LOSSES, q_target, taken, td_loss
@@ -94,7 +95,7 @@ class DQN(StepFormat):
     """The DQN agent (rl/learning/agent.py protocol) for one observation shape and action count."""
 
     def __init__(self, cfg: Config, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
-                 num_envs: int):
+                 num_envs: int, total_steps: int | None = None):
         capacity_per_env = cfg.buffer_size // num_envs
         if capacity_per_env <= cfg.n_step:
             raise ValueError(
@@ -105,7 +106,6 @@ class DQN(StepFormat):
         self.obs_shape, self.obs_dtype = tuple(obs_shape), jnp.dtype(obs_dtype)
         self.step_spec = standard_step_spec(self.obs_dtype, next_obs=("next_obs", self.obs_dtype))
         self.network = make_q_network(obs_shape, num_actions, cfg.network)
-        self.optimizer = make_optimizer(cfg.optim)
         self.buffer = make_nstep_buffer(num_envs, capacity_per_env, cfg.n_step, cfg.discount,
                                         priority_exponent=cfg.priority_exponent,
                                         min_size=max(cfg.batch_size // num_envs, 1))
@@ -113,6 +113,8 @@ class DQN(StepFormat):
         self.learning_starts = max(cfg.learning_starts, cfg.batch_size)
         self.batch_size = cfg.batch_size
         self.env_steps_per_update = num_envs * cfg.train_interval / cfg.updates_per_train
+        self.run_updates = ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None
+        self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
         self._epsilon = linear(cfg.epsilon_start, cfg.epsilon_end,
                                round(cfg.epsilon_decay_steps / self.env_steps_per_update))
 
@@ -161,7 +163,8 @@ class DQN(StepFormat):
         cfg, hp = self.cfg, self.hyperparams(hparams)
         batch = sharding.shard_batch(self.buffer.sample(buffer_state, key, cfg.batch_size, hp["discount"]))
         grads, (td, q_taken) = jax.grad(self._loss, has_aux=True)(state.params, state.target_params, batch, hp)
-        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(cfg.optim, hp["optim.lr"])
+        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(cfg.optim, hp["optim.lr"],
+                                                                                        self.run_updates)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         if cfg.priority_exponent is not None:
@@ -185,6 +188,6 @@ class DQN(StepFormat):
 
 
 def make_agent(cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int,
-               num_envs: int) -> DQN:
+               num_envs: int, total_steps: int | None = None) -> DQN:
     """Registry entry: `agents.make_agent` types a yaml section (`agents.agent_config`) and calls this."""
-    return DQN(cfg, obs_shape, obs_dtype, num_actions, num_envs)
+    return DQN(cfg, obs_shape, obs_dtype, num_actions, num_envs, total_steps)

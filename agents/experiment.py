@@ -48,10 +48,9 @@ from rl.config import ConfigError, TrainConfig, check_resumable, check_top_level
 from rl.envs import env_config, make_source, runner_of
 from rl.infra import checkpoint, memory
 from rl.learning.pbt import PBTConfig, pbt_config
-from rl.learning.population import Population
+from rl.learning.population import Population, canonical
 from rl.learning.population import members as population_members
 from rl.runners import loop
-from rl.runners.replay_ratio import ReplayRatio
 
 
 def validate(cfg: DictConfig) -> TrainConfig:
@@ -59,60 +58,55 @@ def validate(cfg: DictConfig) -> TrainConfig:
     `rl.config.TrainConfig` with its `agent` and `env` sections as their dataclasses (the agent's config,
     the source's `EnvConfig`); a `ConfigError` naming the key otherwise. Runners take this, never the raw
     config."""
-    return dataclasses.replace(check_top_level(cfg), agent=agent_config(cfg.agent), env=env_config(cfg.env))
+    typed = check_top_level(cfg)
+    typed = dataclasses.replace(typed, agent=agent_config(cfg.agent), env=env_config(cfg.env))
+    if typed.population and runner_of(typed.env) == "sebulba":
+        raise ConfigError(f"population: the envpool (Sebulba) runner trains one setting per run (env "
+                          f"{typed.env.id}); sweep the hyperparameters with hydra -m instead")
+    if "lr" in typed.population.get("agent", {}) and cfg.agent.get("lr") != cfg.agent.optim.lr:
+        raise ConfigError("population.agent.lr: the members' agent.optim.lr does not follow it (set on the command "
+                          "line as well?); vary population.agent.optim.lr instead")
+    return typed
 
 
-def _make_agent(agent_cfg, source, total_steps: int, num_envs: int):
-    """The agent for the source's spaces and `num_envs` buffer rows; `optim.lr_schedule=linear` with
-    `optim.lr_decay_updates=0` decays over the whole run (`ReplayRatio.run_updates`; a resume with a larger
-    total_steps stretches the rest of the decay)."""
-    def make(c):
-        return make_agent(c, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
-                          num_actions=source.num_actions, num_envs=num_envs)
-
-    optim = agent_cfg.optim
-    if optim.lr_schedule != "linear" or optim.lr_decay_updates > 0:
-        return make(agent_cfg)
-    constant = make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_schedule="constant")))
-    whole_run = ReplayRatio.of(constant, num_envs).run_updates(total_steps)
-    return make(dataclasses.replace(agent_cfg, optim=dataclasses.replace(optim, lr_decay_updates=whole_run)))
-
-
-def _members(cfg: DictConfig, agent_cfg, env_cfg) -> tuple[list[dict], list[dict], PBTConfig | None]:
-    """`cfg.population`'s members (`rl.learning.population.members`: values by population key, overrides),
+def _members(typed: TrainConfig) -> tuple[list[dict], list[dict], PBTConfig | None]:
+    """`typed.population`'s members (`rl.learning.population.members`: values by population key, overrides),
     each member's agent config typed and checked as its separate run's, and its PBT config (`PBTConfig` or
     None); `([], [], None)` without a population. Anything that cannot form a population is refused with one
-    line (`ConfigError`)."""
-    spec = OmegaConf.to_container(cfg.population, resolve=True) if cfg.get("population") else {}
-    if spec and runner_of(env_cfg) == "sebulba":
-        raise ConfigError(f"population: the envpool (Sebulba) runner trains one setting per run (env "
-                          f"{env_cfg.id}); sweep the hyperparameters with hydra -m instead")
+    line (`ConfigError`; `validate` refuses what needs the composed config to see)."""
+    spec, agent_cfg = typed.population, typed.agent
 
-    def typed(member: dict):  # the member's agent config; interpolations still live: agent.lr feeds optim.lr
-        run_cfg = cfg.copy()
+    def member_config(member: dict):  # the member's agent config: the run's with the member's values set
+        section = dataclasses.asdict(agent_cfg)
         for key, value in member.items():
-            OmegaConf.update(run_cfg, f"agent.{key}", value, merge=False)  # every key is in the struct (checked)
-        return agent_config(run_cfg.agent)
+            *path, leaf = canonical(key).split(".")
+            node = section
+            for part in path:
+                node = node[part]
+            node[leaf] = value
+        return agent_config(section)
 
     try:
-        values, overrides = population_members(spec, agent_cfg, population_keys(agent_cfg.name), typed)
+        values, overrides = population_members(spec, agent_cfg, population_keys(agent_cfg.name), member_config)
         return values, overrides, pbt_config(spec.get("pbt"), len(values))
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
 
 
-def build(cfg: DictConfig):
-    """The runner for `cfg` (validated first): its env source, the agent built for its spaces (a `Population`
-    of it where `cfg.population` names one)."""
-    typed = validate(cfg)
+def build(cfg: TrainConfig | DictConfig):
+    """The runner for `cfg` (validated first where it is still the composed DictConfig): its env source, the
+    agent built for its spaces and the run's length (a `Population` of it where `cfg.population` names one)."""
+    typed = cfg if isinstance(cfg, TrainConfig) else validate(cfg)
     agent_cfg, env_cfg = typed.agent, typed.env
-    member_values, member_overrides, pbt = _members(cfg, agent_cfg, env_cfg)
+    member_values, member_overrides, pbt = _members(typed)
     # Sebulba with several processes: `num_envs` envs per process, seeded apart, each with its buffer rows.
     processes = jax.process_count() if runner_of(env_cfg) == "sebulba" else 1
     seed = typed.seed + jax.process_index() * typed.num_envs * (processes > 1)
     source = make_source(env_cfg, typed.num_envs, seed=seed)  # built once, handed to the runner
     try:
-        agent = _make_agent(agent_cfg, source, typed.total_steps, source.num_envs * processes)
+        agent = make_agent(agent_cfg, obs_shape=source.obs_shape, obs_dtype=source.obs_dtype,
+                           num_actions=source.num_actions, num_envs=source.num_envs * processes,
+                           total_steps=typed.total_steps)
     except ValueError as e:  # settings the env's spaces cannot take (a torso for other observations, ...)
         msg = f"agent.{e}" if str(e).startswith("network.") else str(e)
         raise ConfigError(f"{msg} (env {env_cfg.id}: observations {tuple(source.obs_shape)}, "
@@ -159,8 +153,8 @@ def prepare(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = 
     return cfg, resume_dir, resume_dir
 
 
-def _warn_idle(cfg: DictConfig, runner, note) -> None:
-    starts, total = int(runner.agent.learning_starts), int(cfg.total_steps)
+def _warn_idle(cfg: TrainConfig, runner, note) -> None:
+    starts, total = int(runner.agent.learning_starts), cfg.total_steps
     if starts > total:
         note(f"warning: total_steps={total} < the agent's learning_starts={starts}: no train step will run "
              f"(set agent.learning_starts lower or total_steps higher)")
@@ -176,14 +170,15 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     from rl.infra.logging import RunLogger
 
     setup()
-    distributed.initialize(cfg.distributed)  # before anything touches JAX; no-op unless enabled
+    distributed.initialize(check_top_level(cfg).distributed)  # before anything touches JAX; no-op unless enabled
     run_dir = distributed.shared_run_dir(run_dir)  # several processes: process 0's, for one set of checkpoints
     cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)
-    runner = build(cfg)
-    need = memory.check(runner, cfg)  # before anything is allocated or written
+    typed = validate(cfg)  # what everything below reads; `record` is what the run saves as its config
+    runner = build(typed)
+    need = memory.check(runner, typed)  # before anything is allocated or written
     population = runner.agent if isinstance(runner.agent, Population) else None
-    logger = RunLogger(cfg, run_dir, rows=population.row_labels() if population else None,
-                       primary=distributed.is_main_process())
+    logger = RunLogger(typed, run_dir, record=OmegaConf.to_container(cfg, resolve=True),
+                       rows=population.row_labels() if population else None, primary=distributed.is_main_process())
     if population is not None and population.pbt is not None and logger.primary:
         from rl.infra.lineage import FILENAME, Lineage
 
@@ -193,8 +188,8 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     try:
         if need.total > memory.GB:
             logger.note(f"memory: this run holds about {need.describe()}")
-        _warn_idle(cfg, runner, logger.note)
-        result = loop.run(cfg, runner, logger, resume_from)
+        _warn_idle(typed, runner, logger.note)
+        result = loop.run(typed, runner, logger, resume_from)
         if population is not None:
             result["members"] = _member_results(result, population, logger)
         return result

@@ -39,6 +39,7 @@ from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
 from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.population import hyperparams
+from rl.learning.replay_ratio import ReplayRatio
 from rl.learning.target_update import TargetNetState, update_target
 from rl.nets.networks import NetworkConfig
 from rl.nets.recurrent import (
@@ -141,12 +142,12 @@ class R2D2(StepFormat):
     """The agent (rl/learning/agent.py protocol). Each stored step holds the actor's LSTM state from *before* it acted
     on `obs` (stored state); the next observation is the next step of the row."""
 
-    def __init__(self, cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int):
+    def __init__(self, cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int,
+                 total_steps: int | None = None):
         self.cfg, self.num_actions, self.num_envs = cfg, int(num_actions), int(num_envs)
         self.obs_shape, self.obs_dtype = tuple(obs_shape), jnp.dtype(obs_dtype)
         self.step_spec = standard_step_spec(self.obs_dtype, carry=("carry", None))
         self.network = make_recurrent_q_network(self.obs_shape, self.num_actions, cfg.network, cfg.lstm_size)
-        self.optimizer = make_optimizer(cfg.optim)
         self.epsilons = jnp.asarray(actor_epsilons(self.num_envs, cfg.epsilon_base, cfg.epsilon_alpha))  # [N]
         self.tx_pair = (rlax.TxPair(lambda x: rlax.signed_hyperbolic(x, cfg.rescaling_eps),
                                     lambda x: rlax.signed_parabolic(x, cfg.rescaling_eps))
@@ -170,6 +171,8 @@ class R2D2(StepFormat):
         self.train_interval, self.batch_size = cfg.train_interval, cfg.batch_size
         # a full sequence must exist in every row before sampling can start
         self.learning_starts = max(cfg.learning_starts, self.num_envs * cfg.sequence_length)
+        self.run_updates = ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None
+        self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
 
     def hyperparams(self, hparams: dict | None = None) -> dict:
         """`POPULATION_KEYS` -> value: a member's traced `hparams` where given, else the config's."""
@@ -244,7 +247,8 @@ class R2D2(StepFormat):
         grad_fn = jax.value_and_grad(self.sequence_loss, has_aux=True)
         (loss, aux), grads = grad_fn(state.params, state.target_params, sample.data, sample.mask, weights,
                                      hp["discount"])
-        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(cfg.optim, hp["optim.lr"])
+        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(cfg.optim, hp["optim.lr"],
+                                                                                        self.run_updates)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         count = state.updates + 1
@@ -266,7 +270,8 @@ class R2D2(StepFormat):
         return TargetNetState(params, target_params, opt_state, count), buffer_state, metrics
 
 
-def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int) -> R2D2:
+def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions: int, num_envs: int,
+               total_steps: int | None = None) -> R2D2:
     """Registry entry: `agents.make_agent` types a yaml section (`agents.agent_config`) and calls this."""
     return R2D2(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
-                num_envs=num_envs)
+                num_envs=num_envs, total_steps=total_steps)

@@ -35,7 +35,7 @@ class ConfigError(ValueError):
     """A config key or value is wrong; the message names it."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """`mesh` section: which devices the Anakin runner uses (rl/infra/sharding.py).
 
@@ -48,7 +48,7 @@ class MeshConfig:
     seed_devices: int = 1
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class DistributedConfig:
     """`distributed` section: the multi-host start (rl/infra/distributed.py's docstring lists the keys)."""
 
@@ -61,7 +61,7 @@ class DistributedConfig:
     initialization_timeout: int = 300
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class WandbConfig:
     mode: str = "offline"  # offline (default: no login, no network) | online | disabled
     project: str = "jaxrl"
@@ -71,14 +71,14 @@ class WandbConfig:
     tags: list[str] = dataclasses.field(default_factory=list)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LoggerConfig:
     wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
     progress: bool = True  # live progress bar on the console
     plot: bool = True  # learning-curve PNG in the run dir at the end
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
     """When checkpoints are written (docs/faults.md): every `interval` env steps (0: none by steps) and every
     `every_minutes` of wall time (0: none by time; process 0's clock decides for all processes), so a crash
@@ -92,7 +92,7 @@ class CheckpointConfig:
     on_error: str = "stop"  # stop | continue
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     agent: Any = MISSING
     env: Any = MISSING
@@ -115,9 +115,22 @@ class TrainConfig:
     population: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def _structured(cls: type) -> DictConfig:
+    """`cls`'s schema as a config hydra and `to_dataclass` can merge into (a frozen dataclass's nodes are
+    read-only; the instance `to_object` makes of the merged config is frozen again)."""
+    def writable(node):
+        OmegaConf.set_readonly(node, None)
+        for key in node.keys() if isinstance(node, DictConfig) else ():
+            if isinstance(child := node._get_node(key), DictConfig):
+                writable(child)
+        return node
+
+    return writable(OmegaConf.structured(cls))
+
+
 def _schema():
     """`TrainConfig` for hydra, with `population` open: `population.agent.optim.lr=[...]` needs no `+`."""
-    node = OmegaConf.structured(TrainConfig)
+    node = _structured(TrainConfig)
     OmegaConf.set_struct(node.population, False)
     return node
 
@@ -133,7 +146,7 @@ def to_dataclass(cls: type, section: Any, where: str):
     if isinstance(section, cls):
         return section
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(cls), section)
+        merged = OmegaConf.merge(_structured(cls), section)
         return OmegaConf.to_object(merged)
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         lines = str(e).strip().splitlines() or [type(e).__name__]

@@ -32,6 +32,17 @@ def env_families(config_dir: Path = CONFIG_DIR) -> dict[str, str]:
     return out
 
 
+def fold_lr(section: dict) -> dict:
+    """An agent section (plain dict) with the shared `lr` key moved into `optim.lr` where `optim` has none:
+    the one place `agent.lr` is read (`_defaults` makes `optim.lr` follow it in a composed config)."""
+    if "lr" not in section:
+        return section
+    section = dict(section)
+    lr, optim = section.pop("lr"), dict(section.get("optim") or {})
+    section["optim"] = {"lr": lr, **optim}
+    return section
+
+
 def _defaults(schema: type) -> DictConfig:
     """Every key of the agent `Config` dataclass `schema` at its default, plus the shared `lr` key where it has
     `optim.lr` (`optim.lr: ${..lr}` follows it, so `agent.lr=...` sweeps any agent); struct, so a preset's
@@ -88,10 +99,8 @@ def agent_presets(schema: type, presets_file: Path) -> tuple[dict[str, DictConfi
             section = OmegaConf.merge(defaults, *_parts(presets, name, where))
         except OmegaConfBaseException as e:
             raise ConfigError(f"{where}: preset {name!r}: {str(e).strip().splitlines()[0]}") from None
-        typed = OmegaConf.to_container(section, resolve=True)
-        typed.pop("lr", None)
         try:
-            to_dataclass(schema, typed, "agent")
+            to_dataclass(schema, fold_lr(OmegaConf.to_container(section, resolve=True)), "agent")
         except ConfigError as e:
             raise ConfigError(f"{where}: preset {name!r}: {e}") from None
         sections[name] = section

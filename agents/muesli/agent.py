@@ -59,6 +59,7 @@ from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.categorical import CategoricalSupport
 from rl.learning.optim import OptimConfig, make_optimizer
 from rl.learning.population import hyperparams
+from rl.learning.replay_ratio import ReplayRatio
 from rl.learning.retrace import retrace_coefficients, retrace_targets
 from rl.learning.target_update import update_target
 from rl.learning.targets import taken
@@ -148,7 +149,8 @@ class MuesliState:
 class Muesli(StepFormat):
     """The agent surface of rl/learning/agent.py; static configuration and pure methods."""
 
-    def __init__(self, cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int):
+    def __init__(self, cfg: Config, *, obs_shape: Sequence[int], obs_dtype: Any, num_actions: int, num_envs: int,
+                 total_steps: int | None = None):
         self.cfg = cfg
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.obs_dtype = jnp.dtype(obs_dtype)
@@ -160,7 +162,8 @@ class Muesli(StepFormat):
         self.learning_starts = cfg.learning_starts
         self.network = make_network(self.obs_shape, self.num_actions, cfg.num_atoms, cfg.network)
         self.support = CategoricalSupport(cfg.num_atoms, cfg.support_min, cfg.support_max)
-        self.optimizer = make_optimizer(cfg.optim)
+        self.run_updates = ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None
+        self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
         capacity_per_env = max(cfg.buffer_size // self.num_envs, cfg.sequence_length + 1)
         self.online_batch = round(cfg.batch_size * (1.0 - cfg.replay_fraction))
         self.buffer = make_sequence_buffer(
@@ -216,7 +219,8 @@ class Muesli(StepFormat):
         targets, adv_ema, target_metrics = self.targets(state, batch, valid, hp)
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid, hp)
         optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(self.cfg.optim,
-                                                                                             hp["optim.lr"])
+                                                                                             hp["optim.lr"],
+                                                                                             self.run_updates)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         updates = state.updates + 1
@@ -332,7 +336,7 @@ class Muesli(StepFormat):
         return loss, metrics
 
 
-def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs) -> Muesli:
+def make_agent(cfg: Config, *, obs_shape, obs_dtype, num_actions, num_envs, total_steps=None) -> Muesli:
     """Registry entry: `agents.make_agent` types a yaml section (`agents.agent_config`) and calls this."""
     return Muesli(cfg, obs_shape=obs_shape, obs_dtype=obs_dtype, num_actions=num_actions,
-                  num_envs=num_envs)
+                  num_envs=num_envs, total_steps=total_steps)

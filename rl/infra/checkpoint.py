@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from omegaconf import OmegaConf
 
 
 def _is_key(x) -> bool:
@@ -242,10 +241,10 @@ def restore(path: str | Path, target: Any, note: Callable[[str], None] = print) 
                             f"{', '.join(map(str, found))}); {reasons[0]}")
 
 
-def make_meta(cfg, env_steps: int, logger=None, **extra) -> dict:
-    """The metadata saved with a runner state: resolved config, env steps, wandb id, metric history."""
-    meta = {"config": OmegaConf.to_container(cfg, resolve=True), "env_steps": int(env_steps),
-            "process_count": jax.process_count()}
+def make_meta(config: dict, env_steps: int, logger=None, **extra) -> dict:
+    """The metadata saved with a runner state: the run's config (`config`: the composed config as plain
+    containers, `RunLogger.record`), env steps, wandb id, metric history."""
+    meta = {"config": config, "env_steps": int(env_steps), "process_count": jax.process_count()}
     if logger is not None:
         meta["wandb_id"] = logger.wandb_id
         meta["history"] = logger.history

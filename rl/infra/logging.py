@@ -11,6 +11,7 @@ where everything is.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+
+from rl.config import TrainConfig
 
 RETURN_KEY = "episode_return"
 EVAL_KEY = "eval_return"  # greedy return per seed of the evaluations during training (eval_interval)
@@ -78,11 +80,15 @@ class RunLogger:
     console lines only, appended to `train.<process index>.log`; no metrics.csv, summary.json, wandb,
     figure or progress bar."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path, rows: list[dict] | None = None,
-                 primary: bool = True):
-        """`rows`: a label per row of the seed axis, the first columns of its metrics.csv rows (a population's
-        member, its overrides and seed: rl/learning/population.py); default `{"seed": s}`."""
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, record: dict | None = None,
+                 rows: list[dict] | None = None, primary: bool = True):
+        """`cfg`: the typed config. `record`: the composed config as plain containers (wandb's config, saved
+        in checkpoints); default `cfg`'s. `rows`: a label per row of the seed axis, metrics.csv's first columns
+        (a population's member, overrides, seed); default `{"seed": s}`."""
+        if not isinstance(cfg, TrainConfig):
+            raise TypeError(f"RunLogger takes the typed config (agents.experiment.validate), got {type(cfg).__name__}")
         self.cfg, self.primary = cfg, primary
+        self.record = record if record is not None else dataclasses.asdict(cfg)
         self.rows = rows
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +121,7 @@ class RunLogger:
         self.num_seeds = num_seeds
         self.rows = self.rows or [{"seed": s} for s in range(num_seeds)]
         assert len(self.rows) == num_seeds, f"{len(self.rows)} row labels for {num_seeds} rows"
-        self.total_steps = int(self.cfg.total_steps if total_steps is None else total_steps)
+        self.total_steps = self.cfg.total_steps if total_steps is None else int(total_steps)
         self.history = list(history or [])
         self._last = (time.perf_counter(), start_step)
         self._recent = _last_return(self.history)
@@ -164,7 +170,6 @@ class RunLogger:
 
         members = self._members()
         ids = wandb_id.split(",") if wandb_id else [None] * len(members)
-        config = OmegaConf.to_container(self.cfg, resolve=True)
         # A population is a group of runs, one per member, named like a multirun's jobs (its overrides).
         group = wcfg.group or (self.run_dir.name if len(members) > 1 else None)
         for (labels, rows), run_id in zip(members, ids, strict=True):
@@ -174,7 +179,7 @@ class RunLogger:
             run = wandb.init(
                 mode=mode, project=wcfg.project, entity=wcfg.entity, group=group, name=name,
                 tags=list(wcfg.tags), dir=str(self.run_dir), id=run_id, resume="allow" if run_id else None,
-                config={**config, **labels}, settings=wandb.Settings(silent=True),
+                config={**self.record, **labels}, settings=wandb.Settings(silent=True),
                 reinit="create_new" if len(members) > 1 else "default")
             self._wandb.append((run, rows))
         self.wandb_id = ",".join(run.id for run, _ in self._wandb)

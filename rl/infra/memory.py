@@ -20,7 +20,7 @@ import os
 import jax
 import numpy as np
 
-from rl.config import ConfigError
+from rl.config import ConfigError, TrainConfig
 
 LIMIT_FRACTION = 0.9  # refuse a run whose estimate exceeds this share of the available memory
 GB = 1e9
@@ -48,7 +48,7 @@ def _nbytes(x) -> int:
     return int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
 
 
-def estimate(runner, cfg) -> Estimate:
+def estimate(runner, cfg: TrainConfig) -> Estimate:
     """Bytes of `runner`'s state by part (leaves under a `buffer` / `agent` key), from its abstract init."""
     sizes = {"buffer": 0, "agent": 0, "other": 0}
     largest = 0
@@ -75,12 +75,12 @@ def available() -> tuple[int, str]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
 
 
-def check(runner, cfg) -> Estimate:
+def check(runner, cfg: TrainConfig) -> Estimate:
     """The run's `Estimate`; a `ConfigError` (one line) if it does not fit the available memory."""
     est = estimate(runner, cfg)
     have, what = available()
     if est.total > LIMIT_FRACTION * have:
-        seeds = int(cfg.get("seeds", 1))
+        seeds = cfg.seeds
         per_seed = f" or seeds (now {seeds}: one buffer each)" if seeds > 1 else ""
         raise ConfigError(
             f"this run needs about {est.describe()}, more than {LIMIT_FRACTION:.0%} of the {have / GB:.1f} GB of "

@@ -22,7 +22,7 @@ class OptimConfig:
     lr_schedule: str = "constant"  # constant | linear (to lr * lr_end_fraction over lr_decay_updates)
     lr_end_fraction: float = 0.0
     lr_decay_updates: int = 0  # gradient steps of the linear decay (the lr then stays at its end value); 0 with
-    # lr_schedule=linear: the whole run (agents.experiment.build derives it from total_steps: run_updates)
+    # lr_schedule=linear: the whole run (the agent's `run_updates`, from the run's total_steps)
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -37,16 +37,19 @@ class OptimConfig:
             raise ValueError("optim.max_grad_norm, optim.eps and optim.weight_decay must be >= 0")
 
 
-def make_optimizer(cfg: OptimConfig, lr=None) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimConfig, lr=None, run_updates: int | None = None) -> optax.GradientTransformation:
     """The optax transformation for `cfg` (the lr schedule counts gradient steps). `lr`: the learning rate in
-    place of `cfg.lr`, possibly traced (a population member's); the optimiser state is the same either way."""
+    place of `cfg.lr`, possibly traced (a population member's); the optimiser state is the same either way.
+    `run_updates`: the run's gradient steps (`ReplayRatio.run_updates`), the length of a linear decay with
+    `lr_decay_updates` 0."""
     lr = cfg.lr if lr is None else lr
     if cfg.lr_schedule == "linear":
-        if cfg.lr_decay_updates <= 0:
+        decay = cfg.lr_decay_updates or run_updates
+        if not decay:
             raise ValueError("optim.lr_schedule=linear with optim.lr_decay_updates=0 decays over the whole run, "
-                             "which only a run knows: build the agent through agents.experiment.build (or set "
-                             "optim.lr_decay_updates > 0)")
-        lr = optax.linear_schedule(lr, lr * cfg.lr_end_fraction, cfg.lr_decay_updates)
+                             "which only a run knows: build the agent with total_steps (agents.make_agent; "
+                             "agents.experiment.build does) or set optim.lr_decay_updates > 0")
+        lr = optax.linear_schedule(lr, lr * cfg.lr_end_fraction, decay)
     if cfg.name == "adam":
         opt = optax.adam(lr, eps=cfg.eps)
     elif cfg.name == "adamw":

@@ -118,10 +118,6 @@ def members(spec: Mapping, agent_cfg: Any, allowed: Sequence[str], typed: Callab
             raise ValueError(f"population member {', '.join(f'agent.{k}={v}' for k, v in member.items())}: {e}") from None
         out.append({canonical(k): config_value(cfg, canonical(k)) for k in member})
         overrides.append({f"agent.{k}": v for k, v in member.items()})
-    for key in values:
-        if len({m[canonical(key)] for m in out}) < len(set(values[key])):
-            raise ValueError(f"population.agent.{key}: the members' agent.{canonical(key)} does not follow it "
-                             f"(set on the command line as well?)")
     return out, overrides
 
 

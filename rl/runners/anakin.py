@@ -44,9 +44,9 @@ from rl.infra import sharding
 from rl.learning import pbt as pbt_lib
 from rl.learning.agent import reset_carry
 from rl.learning.population import Population
+from rl.learning.replay_ratio import ReplayRatio
 from rl.runners import guard
 from rl.runners.evaluate import seeds_evaluator
-from rl.runners.replay_ratio import ReplayRatio
 from rl.runners.totals import Totals
 
 ACCELERATOR_BLOCK = 32  # iterations per block on accelerators: one host wait per block, not per iteration

@@ -21,20 +21,20 @@ A runner (rl/runners/anakin.py, rl/runners/sebulba.py) exposes its compiled part
                                                      hyperparameters of a PBT population's rows)
     cheap_eval: bool                                 evaluate often by default (`eval_interval: null`)?
 
-`run(cfg, runner, logger, resume_from)` then does, once for both runners: restore (`resume_from`: a run
-dir whose newest checkpoint holds this runner's state; its config was checked by agents/experiment.py), train
-in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from the measured rate, so a signal is
-answered within seconds whatever the agent; the progress bar moves after each; a run that will take over
-an hour says so once training runs), log every `cfg.log_interval` env steps (with `eval_interval()`, the
-greedy return of `cfg.eval_episodes` episodes per seed as `eval_return` in the log of each interval
-that crosses a multiple of it), checkpoint (`Saver`) every `cfg.checkpoint.interval` env steps, every
-`cfg.checkpoint.every_minutes` of wall time (after the sub-chunk in progress, with the log interval's sums)
-and at the end, stop on a failed save (`CheckpointFailed`, unless `checkpoint.on_error: continue`), stop
-on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop cleanly on
-SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving aborts:
-`Aborted`, naming the checkpoint on disk; these stops: rl/runners/stopping.py), evaluate the greedy
-policy and return the result dict: `{"env_steps", "eval_returns" [S, K], "episode_return" [S] (last logged), "checkpoint", "run_dir",
-"state"}`.
+`run(cfg, runner, logger, resume_from)` (`cfg`: the typed `rl.config.TrainConfig`) then does, once for both
+runners: restore (`resume_from`: a run dir whose newest checkpoint holds this runner's state; its config was
+checked by agents/experiment.py), train in sub-chunks of about `SUBCHUNK_S` seconds each (`Pace`: sized from
+the measured rate, so a signal is answered within seconds whatever the agent; the progress bar moves after
+each; a run that will take over an hour says so once training runs), log every `cfg.log_interval` env steps
+(with `eval_interval()`, the greedy return of `cfg.eval_episodes` episodes per seed as `eval_return` in the
+log of each interval that crosses a multiple of it), checkpoint (`Saver`) every `cfg.checkpoint.interval` env
+steps, every `cfg.checkpoint.every_minutes` of wall time (after the sub-chunk in progress, with the log
+interval's sums) and at the end, stop on a failed save (`CheckpointFailed`, unless `checkpoint.on_error:
+continue`), stop on non-finite values (`cfg.on_nonfinite: stop`) without checkpointing them, stop cleanly on
+SIGTERM/SIGINT after the sub-chunk in progress (`Preempted`; a repeated Ctrl-C while saving aborts: `Aborted`,
+naming the checkpoint on disk; these stops: rl/runners/stopping.py), evaluate the greedy policy and return the
+result dict: `{"env_steps", "eval_returns" [S, K], "episode_return" [S] (last logged), "checkpoint",
+"run_dir", "state"}`.
 
 Several processes (jax.distributed): every process runs this loop on the same global state; before each
 compiled call they agree on its end (process 0's) and on stopping (any process's signal:
@@ -53,7 +53,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rl.config import ConfigError
+from rl.config import CheckpointConfig, ConfigError, TrainConfig
 from rl.infra import checkpoint, distributed
 from rl.runners import guard
 from rl.runners import totals as totals_lib
@@ -69,11 +69,9 @@ class Saver:
     A save that fails is noted in one line; it stops the run (`CheckpointFailed`, `on_error: stop`) or the
     run goes on and the next checkpoint tries again (`on_error: continue`)."""
 
-    def __init__(self, cfg, logger, latest: Path | None):
+    def __init__(self, cfg: CheckpointConfig, logger, latest: Path | None):
         self.cfg, self.logger, self.latest = cfg, logger, latest
-        self.enabled = bool(cfg.checkpoint.enabled)
-        self.every_s = 60.0 * float(cfg.checkpoint.get("every_minutes", 0)) if self.enabled else 0.0
-        self.on_error = cfg.checkpoint.get("on_error", "stop")
+        self.every_s = 60.0 * cfg.every_minutes if cfg.enabled else 0.0
         self.last = clock()
 
     def due(self) -> bool:
@@ -85,16 +83,16 @@ class Saver:
 
     def save(self, env_steps: int, state, partial: dict | None = None) -> None:
         """Checkpoint `state` (with `partial`, the sums of an unfinished log interval, in its metadata)."""
-        if not self.enabled:
+        if not self.cfg.enabled:
             return
         self.last = clock()
         extra = {} if partial is None else {"partial_interval": partial}
-        meta = checkpoint.make_meta(self.cfg, env_steps, self.logger, **extra)
+        meta = checkpoint.make_meta(self.logger.record, env_steps, self.logger, **extra)
         try:
             self.latest = checkpoint.save(self.logger.run_dir / "checkpoints", env_steps, state, meta,
-                                          keep=int(self.cfg.checkpoint.keep))
+                                          keep=self.cfg.keep)
         except checkpoint.SaveFailed as e:
-            if self.on_error == "stop":
+            if self.cfg.on_error == "stop":
                 failed = CheckpointFailed(e, self.logger.run_dir, self.latest)
                 self.logger.note(str(failed))
                 raise failed from None
@@ -102,7 +100,7 @@ class Saver:
                              "(checkpoint.on_error=continue)")
 
 
-def _start(cfg, runner, logger, resume_from):
+def _start(cfg: TrainConfig, runner, logger, resume_from):
     """`(state, env_steps, unfinished log interval or None)` fresh or restored (from `resume_from`, the run
     dir the logger writes to), with the logger started."""
     env_steps, wandb_id, history, partial = 0, None, [], None
@@ -119,7 +117,7 @@ def _start(cfg, runner, logger, resume_from):
     else:
         state = runner.init()
     logger.start(start_step=env_steps, num_seeds=runner.num_seeds, wandb_id=wandb_id, history=history,
-                 total_steps=runner.rounded_total(int(cfg.total_steps)))
+                 total_steps=runner.rounded_total(cfg.total_steps))
     if resume_from is not None:
         for line in skipped:
             logger.note(line)
@@ -127,20 +125,20 @@ def _start(cfg, runner, logger, resume_from):
     return state, env_steps, partial
 
 
-def _greedy_return(cfg, runner, state, env_steps: int) -> np.ndarray:
+def _greedy_return(cfg: TrainConfig, runner, state, env_steps: int) -> np.ndarray:
     """Mean greedy return per seed `[S]` of `cfg.eval_episodes` episodes (keys distinct from the final one's)."""
-    key = jax.random.fold_in(jax.random.PRNGKey(int(cfg.seed) + 2 * 10**6), env_steps)
-    return np.nanmean(runner.evaluate(state, int(cfg.eval_episodes), key), axis=1)
+    key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 2 * 10**6), env_steps)
+    return np.nanmean(runner.evaluate(state, cfg.eval_episodes, key), axis=1)
 
 
-def eval_interval(cfg, runner, total: int) -> int:
+def eval_interval(cfg: TrainConfig, runner, total: int) -> int:
     """Env steps between greedy evaluations during training (0: none): `cfg.eval_interval`, or where it is
     null the runner's default: a tenth of the run where its evaluation is cheap (`runner.cheap_eval`:
     Anakin plays the episodes vmapped inside jit; a few % of a MinAtar run), else none (Sebulba starts a
     fresh envpool and plays whole episodes on the host: minutes of Atari on a CPU)."""
-    if cfg.get("eval_interval") is not None:
-        return int(cfg.eval_interval)
-    if not runner.cheap_eval or int(cfg.eval_episodes) == 0:
+    if cfg.eval_interval is not None:
+        return cfg.eval_interval
+    if not runner.cheap_eval or cfg.eval_episodes == 0:
         return 0
     return max(total // 10, 1)
 
@@ -195,13 +193,13 @@ def _unfinished(before: int, totals) -> dict | None:
     return None if totals is None else {"start": before, "totals": totals_lib.to_json(totals)}
 
 
-def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, saver: Saver, partial: dict | None):
+def _train(cfg: TrainConfig, runner, logger, state, env_steps: int, watch: SignalWatch, saver: Saver, partial: dict | None):
     """Log intervals, each trained in sub-chunks, until the total or a signal (which stops after the
     sub-chunk in progress), checkpointing through `saver`. `partial`: a checkpoint's unfinished interval
     (`{"start", "totals"}`), continued. Returns `(state, env_steps, last metrics, the unfinished interval or
     None)`."""
-    total = runner.rounded_total(int(cfg.total_steps))
-    log_every, ckpt_every = int(cfg.log_interval), int(cfg.checkpoint.interval)
+    total = runner.rounded_total(cfg.total_steps)
+    log_every, ckpt_every = cfg.log_interval, cfg.checkpoint.interval
     eval_every = eval_interval(cfg, runner, total)
     pace = Pace(runner.train_from, total)
     last, first = {}, True
@@ -246,12 +244,12 @@ def _train(cfg, runner, logger, state, env_steps: int, watch: SignalWatch, saver
     return state, env_steps, last, None
 
 
-def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
+def run(cfg: TrainConfig, runner, logger, resume_from: str | Path | None = None) -> dict:
     """Train with `runner` (see the module docstring); raises `Preempted` after a signal's checkpoint and
     `rl.runners.guard.NonFiniteError` on NaN/Inf (with `on_nonfinite: stop`)."""
     state, env_steps, partial = _start(cfg, runner, logger, resume_from)
     # A run resumed from its final checkpoint (stopped before its summary) has nothing new to save.
-    saver = Saver(cfg, logger, checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from else None)
+    saver = Saver(cfg.checkpoint, logger, checkpoint.checkpoints_dir(resume_from) / str(env_steps) if resume_from else None)
     reported = threading.Lock()
 
     def report_lost(who: str, error: BaseException) -> LostProcess:
@@ -295,8 +293,8 @@ def run(cfg, runner, logger, resume_from: str | Path | None = None) -> dict:
             watch.chain()
             raise preempted
     eval_returns = np.zeros((runner.num_seeds, 0))
-    if int(cfg.eval_episodes) > 0:
-        eval_returns = runner.evaluate(state, int(cfg.eval_episodes), jax.random.PRNGKey(int(cfg.seed) + 10**6))
+    if cfg.eval_episodes > 0:
+        eval_returns = runner.evaluate(state, cfg.eval_episodes, jax.random.PRNGKey(cfg.seed + 10**6))
         logger.note("greedy eval return per seed: " + ", ".join(f"{np.nanmean(r):.1f}" for r in eval_returns))
     result = {
         "env_steps": env_steps,

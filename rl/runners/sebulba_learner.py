@@ -10,7 +10,7 @@ A chunk whose train steps take long (R2D2 on Atari on a CPU: ~20 s each) is trai
 most `cap()` steps (about `SUBCHUNK_S` seconds at the measured seconds per step, `record`), so the host loop
 can answer a signal between them; the runner carries the steps still owed (rl/runners/sebulba.py).
 
-Replay ratio as in Anakin (rl/runners/replay_ratio.py): one train step per `agent.train_interval * num_envs`
+Replay ratio as in Anakin (rl/learning/replay_ratio.py): one train step per `agent.train_interval * num_envs`
 env steps received, from the first multiple of it that reaches `agent.learning_starts` (`updates_due`).
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rl.learning.replay_ratio import ReplayRatio
 from rl.runners import guard
-from rl.runners.replay_ratio import ReplayRatio
 from rl.runners.sebulba_actor import Chunk
 from rl.runners.totals import Totals
 

@@ -398,8 +398,8 @@ def test_linear_lr_schedule_matches_the_formula():
 def test_lr_decay_updates_0_decays_over_the_whole_run(tmp_path):
     """`lr_schedule=linear lr_decay_updates=0`: the decay spans the run's gradient steps, counted by the
     runner (4 envs x train_interval 3 = 12 env steps per train step from the first iteration reaching
-    learning_starts=50, i.e. iterations 5..17 (1-based) of ceil(200 / 12) = 17, x updates_per_train 2 = 26); a set
-    lr_decay_updates is kept; an agent built outside a run refuses 0 with a message naming the fix."""
+    learning_starts=50, i.e. iterations 5..17 (1-based) of ceil(200 / 12) = 17, x updates_per_train 2 = 26: the
+    agent's optimiser reaches 0 at its 27th step); a set lr_decay_updates is kept; an agent built outside a run refuses 0 with a message naming the fix."""
     from agents.experiment import train
 
     common = ["agent=dqn", "env=cartpole", "total_steps=200", "num_envs=4", "agent.learning_starts=50",
@@ -409,7 +409,10 @@ def test_lr_decay_updates_0_decays_over_the_whole_run(tmp_path):
     res = train(*common, run_dir=tmp_path / "run")
     updates = int(np.asarray(res["state"][0].agent.updates).reshape(-1)[0])
     assert updates == 26
-    assert build(compose_cfg(common)).agent.cfg.optim.lr_decay_updates == 26
+    agent = build(compose_cfg(common)).agent
+    lr = agent.cfg.optim.lr
+    steps = -_run_optimizer(agent.optimizer, [np.ones(4)] * 28)[:, 0]  # Adam on constant grads: the lr itself
+    np.testing.assert_allclose(steps, [lr * max(1 - k / 26, 0) for k in range(28)], rtol=1e-4, atol=1e-12)
     assert build(compose_cfg([*common, "agent.optim.lr_decay_updates=7"])).agent.cfg.optim.lr_decay_updates == 7
     with pytest.raises(ValueError, match="lr_decay_updates=0 decays over the whole run"):
         _agent(optim={"lr_schedule": "linear"})

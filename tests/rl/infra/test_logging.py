@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import matplotlib.figure
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
+from rl.config import LoggerConfig, TrainConfig, WandbConfig
 from rl.infra.logging import NO_EPISODE, RunLogger, plot_learning_curve
 
 
-def _cfg(total_steps: int = 1000, progress: bool = True):
-    return OmegaConf.create({"total_steps": total_steps, "agent": {"name": "dqn"}, "env": {"id": "CartPole-v1"},
-                             "logger": {"progress": progress, "plot": True,
-                                        "wandb": {"mode": "disabled", "project": "x", "entity": None,
-                                                  "group": None, "name": None, "tags": []}}})
+def _cfg(total_steps: int = 1000, progress: bool = True, plot: bool = True, **wandb):
+    """A typed run config as the logger reads it (agent and env: their names only); `wandb`: its keys."""
+    return TrainConfig(agent=SimpleNamespace(name="dqn"), env=SimpleNamespace(id="CartPole-v1"),
+                       total_steps=total_steps,
+                       logger=LoggerConfig(WandbConfig(**{"mode": "disabled", "project": "x", **wandb}), progress, plot))
 
 
 @pytest.fixture
@@ -168,8 +169,7 @@ def test_a_population_logs_one_wandb_run_per_member_in_one_group(tmp_path, monke
     """Offline wandb: a run per member, named by its overrides, in a group named after the run dir, each with
     its member's overrides in its config and only its own seeds' values; the ids resume the same runs."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    cfg = _cfg(1000, progress=False)
-    cfg.logger.wandb.mode = "offline"
+    cfg = _cfg(1000, progress=False, mode="offline")
     rows = [{"member": m, "agent.optim.lr": lr, "seed": s} for m, lr in enumerate([1e-3, 3e-3]) for s in (0, 1)]
     logger = RunLogger(cfg, tmp_path / "pop", rows=rows)
     logger.start(start_step=0, num_seeds=4, total_steps=1000)
@@ -196,8 +196,7 @@ def test_a_population_logs_one_wandb_run_per_member_in_one_group(tmp_path, monke
 def test_a_member_with_one_seed_logs_its_values_under_their_own_names(tmp_path, monkeypatch):
     """One seed per member: its wandb run gets `<key>` (the value itself) and `<key>/mean`, no `/seed<i>` keys."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    cfg = _cfg(1000, progress=False)
-    cfg.logger.wandb.mode = "offline"
+    cfg = _cfg(1000, progress=False, mode="offline")
     rows = [{"member": m, "agent.optim.lr": lr, "seed": 0} for m, lr in enumerate([1e-3, 3e-3])]
     logger = RunLogger(cfg, tmp_path / "pop", rows=rows)
     logger.start(start_step=0, num_seeds=2, total_steps=1000)

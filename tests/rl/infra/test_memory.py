@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from agents.experiment import build, run
+from agents.experiment import build, run, validate
 from agents.setup import compose
 from rl.config import ConfigError
 from rl.infra import memory
@@ -22,13 +22,13 @@ FRAME_STACK = 4 * 84 * 84  # bytes of one uint8 Atari observation
 
 def test_estimate_counts_the_buffer_from_shapes_with_uint8_frames():
     cfg = compose(["agent=dqn", "env=envpool/pong", "logger=none", "agent.buffer_size=100000"])
-    est = memory.estimate(build(cfg), cfg)
+    est = memory.estimate(build(cfg), validate(cfg))
     frames = 2 * 100_000 * FRAME_STACK  # obs and next_obs, one byte per pixel
     assert frames <= est.buffer <= 1.01 * frames, est  # float32 frames would be 4x
     assert 0 < est.agent < 0.1 * memory.GB
     assert est.save_copy == 100_000 * FRAME_STACK  # the largest array: one of the two frame arrays
-    no_ckpt = memory.estimate(build(cfg), compose(["agent=dqn", "env=envpool/pong", "checkpoint.enabled=false",
-                                                   "agent.buffer_size=100000"]))
+    no_ckpt = memory.estimate(build(cfg), validate(compose(["agent=dqn", "env=envpool/pong", "checkpoint.enabled=false",
+                                                            "agent.buffer_size=100000"])))
     assert no_ckpt.save_copy == 0 and no_ckpt.total == est.total - est.save_copy
 
 
@@ -37,7 +37,7 @@ def test_estimate_parts_are_the_bytes_of_the_states_agent_buffer_and_rest():
     cfg = compose(["agent=dqn", "env=cartpole", "logger=none", "agent.buffer_size=1000", "seeds=2"])
     runner = build(cfg)
     state, it = runner.init()
-    est = memory.estimate(runner, cfg)
+    est = memory.estimate(runner, validate(cfg))
     nbytes = lambda tree: sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
     assert est.buffer == nbytes(state.buffer) > 2 * 1000 * 4 * 4  # at least obs and next_obs (4 floats) of 1000 steps
     assert est.agent == nbytes(state.agent) > 0
@@ -54,7 +54,7 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(tmp_path, monkeypa
     with pytest.raises(ConfigError) as err:
         run(cfg, tmp_path / "run")
     msg = str(err.value)
-    est = memory.estimate(build(cfg), cfg)
+    est = memory.estimate(build(cfg), validate(cfg))
     assert msg.startswith(f"this run needs about {est.describe()}, ") and "\n" not in msg
     assert 42.3 < est.buffer / memory.GB < 42.4  # 1.5M uint8 frame stacks (28 kB each) and the rest of a step
     assert "more than 90% of the 8.0 GB of test memory" in msg and "agent.buffer_size (now 1500000)" in msg

@@ -184,6 +184,7 @@ def corridor(monkeypatch):
 
 def run_loop(cfg, runner, run_dir):
     """The host loop (rl/runners/loop.py) with the real logger, as `agents.experiment.run` drives it."""
+    cfg = validate(cfg)
     logger = RunLogger(cfg, run_dir)
     try:
         return loop.run(cfg, runner, logger)
@@ -441,8 +442,7 @@ def test_mesh_keys_shape_the_anakin_mesh():
 def test_logger_progress_and_plot(tmp_path, capsys):
     """`logger.progress` turns the console bar on/off; `logger.plot` the learning-curve PNG at close."""
     for progress, plot in ((True, False), (False, True)):
-        cfg = logger_cfg(100, progress=progress)
-        cfg.logger.plot = plot
+        cfg = logger_cfg(100, progress=progress, plot=plot)
         run_dir = tmp_path / f"{progress}-{plot}"
         logger = RunLogger(cfg, run_dir)
         logger.start(start_step=0, num_seeds=1, total_steps=100)
@@ -473,9 +473,9 @@ def test_wandb_keys_reach_wandb_init(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw) or FakeRun(tmp_path))
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    cfg = logger_cfg(100, progress=False)
-    cfg.logger.wandb = {"mode": "online", "project": "proj-x", "entity": "team-y", "group": "grp-z",
-                        "name": "run-w", "tags": ["a", "b"]}
+    wandb_keys = {"mode": "online", "project": "proj-x", "entity": "team-y", "group": "grp-z", "name": "run-w",
+                  "tags": ["a", "b"]}
+    cfg = logger_cfg(100, progress=False, **wandb_keys)
     logger = RunLogger(cfg, tmp_path / "on")
     logger.start(start_step=0, num_seeds=1, total_steps=100)
     logger.log(100, {"episode_return": 2.0})
@@ -485,8 +485,7 @@ def test_wandb_keys_reach_wandb_init(tmp_path, monkeypatch):
     assert got == {"mode": "online", "project": "proj-x", "entity": "team-y", "group": "grp-z", "name": "run-w",
                    "tags": ["a", "b"]}
     assert logger.wandb_id == "fake-id"
-    cfg.logger.wandb.mode = "disabled"
-    logger = RunLogger(cfg, tmp_path / "off")
+    logger = RunLogger(logger_cfg(100, progress=False, **{**wandb_keys, "mode": "disabled"}), tmp_path / "off")
     logger.start(start_step=0, num_seeds=1, total_steps=100)
     logger.close()
     assert len(calls) == 1 and logger.wandb_id is None

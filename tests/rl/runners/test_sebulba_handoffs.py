@@ -253,7 +253,8 @@ def scripted_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("scripted")
     source = scripted_source(E6, M3, seed=1)
     cfg = sebulba_cfg(E6, M3, K2, f"log_interval={M3 * K2}", f"total_steps={CHUNKS * M3 * K2}")
-    runner = Sebulba(validate(cfg), VersionAgent(E6, num_actions=10**6), source)
+    cfg = validate(cfg)
+    runner = Sebulba(cfg, VersionAgent(E6, num_actions=10**6), source)
     with pytest.MonkeyPatch.context() as mp:
         chunks = record_gets(mp)
         logger = RunLogger(cfg, run_dir)

@@ -1,4 +1,4 @@
-"""rl/runners/replay_ratio.py: the train-step rule both runners follow, against a brute-force count."""
+"""rl/learning/replay_ratio.py: the train-step rule both runners follow, against a brute-force count."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from rl.runners.replay_ratio import ReplayRatio
+from rl.learning.replay_ratio import ReplayRatio
 
 
 def _agent(train_interval, learning_starts, updates_per_train=None):
