@@ -3,9 +3,8 @@ never needs a login), `metrics.csv` (one row per log and seed), `summary.json` a
 the run dir.
 
 Runners call, in order: `start(...)` once (`total_steps=`: the env steps the run will end at, after any
-rounding up to whole chunks), `log(env_steps, metrics)` after every chunk with per-seed arrays
-`[S]` (or scalars), `summary(...)` at the end; scripts call `close()`, which writes the PNG and prints
-where everything is.
+rounding up to whole chunks), `log(env_steps, metrics)` after every chunk with per-seed arrays `[S]` (or
+scalars), `summary(...)` at the end; scripts call `close()`, which writes the PNG and prints where all is.
 """
 
 from __future__ import annotations
