@@ -71,6 +71,36 @@ def test_checkpoints_by_wall_time_land_inside_log_intervals_and_resume(tmp_path,
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_crash_after_a_checkpoint_by_wall_time_resumes_bit_for_bit(tmp_path, fast_clock, monkeypatch):
+    """A run that dies (an exception, as a kill would leave it) after a checkpoint by wall time inside a log
+    interval resumes from it: the interval's sums saved with it complete the interval, so the state and
+    metrics.csv equal those of the run that never stopped."""
+    from rl.runners.anakin import Anakin
+
+    overrides = [*TINY_DQN, "total_steps=240", "log_interval=120", "checkpoint.every_minutes=1",
+                 "agent.learning_starts=16", "eval_episodes=0"]
+    calls, advance = [], Anakin.advance
+
+    def crashing(self, *args):
+        calls.append(1)
+        if len(calls) == 40:  # inside the second log interval (4 env steps per call), after call 39's checkpoint
+            raise RuntimeError("the process dies")
+        return advance(self, *args)
+
+    monkeypatch.setattr(Anakin, "advance", crashing)
+    crashed = tmp_path / "crashed"
+    with pytest.raises(RuntimeError, match="the process dies"):
+        run(compose(overrides), crashed)
+    meta = checkpoint.read_meta(crashed)
+    assert meta["env_steps"] == 156 and meta["partial_interval"]["start"] == 120
+    monkeypatch.setattr(Anakin, "advance", advance)
+    resumed = run(compose(overrides), crashed)  # a run dir with a checkpoint and no summary: resumed
+    straight = run(compose(overrides), tmp_path / "straight")
+    for x, y in zip(_leaves(straight["state"]), _leaves(resumed["state"]), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert (tmp_path / "straight" / "metrics.csv").read_text() == (crashed / "metrics.csv").read_text()
+
+
 def test_every_minutes_zero_writes_none_by_time(tmp_path, fast_clock):
     run(compose([*TINY_DQN, "total_steps=48", "log_interval=48", "checkpoint.every_minutes=0", "checkpoint.keep=100",
                  "agent.learning_starts=16"]), tmp_path)
