@@ -75,5 +75,6 @@ def test_the_yaml_family_picks_the_minatar_presets():
     assert compose(["env=popgym_arcade/count_recall_easy", "env.id=BreakoutEasy"]).env.id == "BreakoutEasy"
 
 
+@pytest.mark.optimized  # the game draws each frame pixel by pixel: unoptimised, its steps take most of a minute
 def test_dqn_trains_and_evaluates(tmp_path):
     smoke(tmp_path / "run", ["env=popgym_arcade/count_recall_easy"])
