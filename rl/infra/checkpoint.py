@@ -1,7 +1,7 @@
 """Checkpoints (orbax): a whole runner state pytree plus JSON metadata, under `<run dir>/checkpoints/<step>`.
 
 * `save(directory, step, state, meta, keep)` writes `state` (any pytree of arrays, typed PRNG keys
-  included) and `meta` (JSON: config, wandb run id, metric history, ...), keeping the `keep` newest.
+  included) and `meta` (JSON: config, wandb run id, metrics.csv's row count, ...), keeping the `keep` newest.
 * `restore(path, target, note)` reads the newest checkpoint of a run dir or checkpoints dir that restores
   into the structure, shapes and dtypes of `target` (a pytree of arrays or `jax.ShapeDtypeStruct`s);
   returns `(state, meta)`. One that does not (files missing or damaged, another structure) is reported in
@@ -243,10 +243,10 @@ def restore(path: str | Path, target: Any, note: Callable[[str], None] = print) 
 
 def make_meta(config: dict, env_steps: int, logger=None, **extra) -> dict:
     """The metadata saved with a runner state: the run's config (`config`: the composed config as plain
-    containers, `RunLogger.record`), env steps, wandb id, metric history."""
+    containers, `RunLogger.record`), env steps, wandb id, the rows metrics.csv had."""
     meta = {"config": config, "env_steps": int(env_steps), "process_count": jax.process_count()}
     if logger is not None:
         meta["wandb_id"] = logger.wandb_id
-        meta["history"] = logger.history
+        meta["metrics_rows"] = logger.logged_rows  # metrics.csv's rows when this was saved (a resume keeps them)
     meta.update(extra)
     return jax.tree_util.tree_map(lambda x: x.item() if isinstance(x, np.generic) else x, meta)

@@ -9,7 +9,6 @@ scalars), `summary(...)` at the end; scripts call `close()`, which writes the PN
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import logging
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rl.config import TrainConfig
+from rl.infra.metrics_file import MetricsFile
 
 RETURN_KEY = "episode_return"
 EVAL_KEY = "eval_return"  # greedy return per seed of the evaluations during training (eval_interval)
@@ -65,13 +65,6 @@ def _float(x) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _columns(rows: list[dict], labels: list[str]) -> list[str]:
-    """CSV columns: env_steps, the row labels (seed; a population's member, its overrides, seed), then the
-    metric names in sorted order."""
-    first = ["env_steps", *labels]
-    return [*first, *sorted(set().union(*rows) - set(first))]
-
-
 class RunLogger:
     """Console progress, wandb, CSV/JSON metrics and the learning curve for one training run.
 
@@ -91,12 +84,11 @@ class RunLogger:
         self.rows = rows
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.history: list[dict] = []  # rows {"env_steps", row labels ("seed", ...), metric: value}
+        self.logged_rows = 0  # rows logged so far (per log, one per row of the seed axis), resumed included
         self.wandb_id: str | None = None  # a population's: its members' run ids, comma-separated
         self.paths: dict[str, Path] = {}
         self._wandb: list[tuple[Any, list[int]]] = []  # (wandb run, the rows it logs)
         self._bar = None
-        self._csv_fields: list[str] | None = None
         self._started = False
         # the console's lines, appended (a resumed run continues it)
         self._log_path = self.run_dir / "train.log"
@@ -110,9 +102,11 @@ class RunLogger:
             f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
 
     # --- lifecycle ----------------------------------------------------------------------------------
-    def start(self, *, start_step: int, num_seeds: int, wandb_id: str | None = None,
+    def start(self, *, start_step: int, num_seeds: int, wandb_id: str | None = None, logged_rows: int | None = None,
               history: list[dict] | None = None, total_steps: int | None = None) -> None:
-        """Open the progress bar and wandb (resuming run `wandb_id` if given) from `start_step`.
+        """Open metrics.csv, the progress bar and wandb (resuming run `wandb_id` if given) from `start_step`.
+        A resume keeps the first `logged_rows` rows of metrics.csv (a checkpoint's `metrics_rows`), or writes
+        `history` (the rows older checkpoints saved) as the file.
 
         `total_steps`: the env steps the run will really end at (per seed), e.g. `cfg.total_steps` rounded up
         to whole iterations/chunks by the runner; default `cfg.total_steps`. The bar's total is this number,
@@ -121,15 +115,18 @@ class RunLogger:
         self.rows = self.rows or [{"seed": s} for s in range(num_seeds)]
         assert len(self.rows) == num_seeds, f"{len(self.rows)} row labels for {num_seeds} rows"
         self.total_steps = self.cfg.total_steps if total_steps is None else int(total_steps)
-        self.history = list(history or [])
+        self.metrics = MetricsFile(self.run_dir / "metrics.csv", list(self.rows[0]))
         self._last = (time.perf_counter(), start_step)
-        self._recent = _last_return(self.history)
+        self._recent = float("nan")
         if not self.primary:
-            self._started = True
+            self.logged_rows, self._started = logged_rows or len(history or []), True
             return
+        self.metrics.start(logged_rows, history)
+        self.logged_rows = self.metrics.rows
+        if self.logged_rows:
+            self._recent = _last_return(self.metrics.read())
+            self.paths["metrics"] = self.metrics.path
         self._start_wandb(wandb_id)
-        if self.history:
-            self._rewrite_csv()
         if self.cfg.logger.progress:
             from tqdm.auto import tqdm
 
@@ -189,9 +186,10 @@ class RunLogger:
         per_seed = {k: np.broadcast_to(np.asarray(v, np.float64), (self.num_seeds,)) for k, v in metrics.items()}
         rows = [{"env_steps": int(env_steps), **self.rows[s], **{k: _float(v[s]) for k, v in per_seed.items()}}
                 for s in range(self.num_seeds)]
-        self.history.extend(rows)
+        self.logged_rows += len(rows)
         if self.primary:
-            self._append_csv(rows)
+            self.metrics.append(rows)
+            self.paths["metrics"] = self.metrics.path
         now = time.perf_counter()
         sps = (env_steps - self._last[1]) / max(now - self._last[0], 1e-9)
         self._last = (now, env_steps)
@@ -220,31 +218,6 @@ class RunLogger:
         if self._bar is not None:
             self._bar.total = max(self._bar.total, env_steps)
             self._bar.update(env_steps - self._bar.n)
-
-    def _append_csv(self, rows: list[dict]) -> None:
-        path = self.run_dir / "metrics.csv"
-        fields = _columns(rows, list(self.rows[0]))
-        if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):
-            self._rewrite_csv()  # new metric names: rewrite with the union of the columns
-            return
-        new = self._csv_fields is None
-        self._csv_fields = self._csv_fields or fields
-        with path.open("w" if new else "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self._csv_fields, restval="")
-            if new:
-                writer.writeheader()
-            writer.writerows(rows)
-        self.paths["metrics"] = path
-
-    def _rewrite_csv(self) -> None:
-        path = self.run_dir / "metrics.csv"
-        fields = _columns(self.history, list(self.rows[0]))
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields, restval="")
-            writer.writeheader()
-            writer.writerows(self.history)
-        self._csv_fields = fields
-        self.paths["metrics"] = path
 
     def summary(self, values: dict[str, Any]) -> None:
         """Write `summary.json` (and the wandb summary) with final results."""
@@ -275,8 +248,8 @@ class RunLogger:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self.cfg.logger.plot and self.history and self.primary:
-            self.paths["learning_curve"] = plot_learning_curve(self.history, self.run_dir / "learning_curve.png",
+        if self.cfg.logger.plot and self.primary and self._started and self.metrics.rows:
+            self.paths["learning_curve"] = plot_learning_curve(self.metrics.read(), self.run_dir / "learning_curve.png",
                                                                title=f"{self.cfg.agent.name} on {self.cfg.env.id}")
         if self._wandb:
             run_dir = Path(self._wandb[0][0].dir).parent  # wandb/<offline-run-...>; several: wandb/

@@ -103,7 +103,7 @@ class Saver:
 def _start(cfg: TrainConfig, runner, logger, resume_from):
     """`(state, env_steps, unfinished log interval or None)` fresh or restored (from `resume_from`, the run
     dir the logger writes to), with the logger started."""
-    env_steps, wandb_id, history, partial = 0, None, [], None
+    env_steps, wandb_id, rows, history, partial = 0, None, None, None, None
     if resume_from is not None:
         saved = int(checkpoint.read_meta(resume_from).get("process_count", 1))
         if saved != jax.process_count():
@@ -112,12 +112,13 @@ def _start(cfg: TrainConfig, runner, logger, resume_from):
         skipped = []  # damaged newer checkpoints, noted once the logger runs
         state, meta = checkpoint.restore(resume_from, runner.restore_target(), note=skipped.append)
         state = runner.place(state)
-        env_steps, wandb_id, history = int(meta["env_steps"]), meta.get("wandb_id"), meta.get("history", [])
+        env_steps, wandb_id, rows = int(meta["env_steps"]), meta.get("wandb_id"), meta.get("metrics_rows")
+        history = meta.get("history") if rows is None else None  # checkpoints that saved the rows themselves
         partial = meta.get("partial_interval")
     else:
         state = runner.init()
-    logger.start(start_step=env_steps, num_seeds=runner.num_seeds, wandb_id=wandb_id, history=history,
-                 total_steps=runner.rounded_total(cfg.total_steps))
+    logger.start(start_step=env_steps, num_seeds=runner.num_seeds, wandb_id=wandb_id, logged_rows=rows,
+                 history=history, total_steps=runner.rounded_total(cfg.total_steps))
     if resume_from is not None:
         for line in skipped:
             logger.note(line)
