@@ -37,6 +37,7 @@ def test_ends_tells_termination_from_truncation():
     np.testing.assert_array_equal(truncated, [False, False, True, False, False])
 
 
+@pytest.mark.optimized  # 126 steps of frames drawn pixel by pixel
 def test_count_recall_ends_by_its_cards_or_its_step_limit():
     """CountRecallEasy (26 cards, 126 steps): firing at every step plays the last card at step 26
     (terminated); never firing is truncated at step 126. Frames are the game's own (a reset == `reset_env` on
