@@ -126,17 +126,17 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rl/learning/pbt.py", "first = jnp.arange(returns.shape[0]) * seeds  # a member's values: those of its first row",
      "minus_one"):
         ONE_AXIS_RETURNS,
-    ("rl/runners/loop.py", "key = jax.random.fold_in(jax.random.PRNGKey(int(cfg.seed) + 2 * 10**6), env_steps)",
+    ("rl/runners/loop.py", "key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 2 * 10**6), env_steps)",
      "plus_one"):
         "the interval evaluations' key offset is arbitrary: 2 * 11**6 keeps them distinct from the final "
         "evaluation's (seed + 10**6) and from training's, the only property they need",
     ("rl/infra/distributed.py", "if time.monotonic() > deadline:", "gt_to_ge"):
         "a monotonic clock read equal to the deadline to the nanosecond: giving up then or one poll later is the "
         "same timeout",
-    ("rl/infra/logging.py", "if self._csv_fields is not None and not set(fields) <= set(self._csv_fields):",
+    ("rl/infra/metrics_file.py", "if self.fields is not None and not set(fields) <= set(self.fields):",
      "le_to_lt"):
         "with the same columns the CSV is rewritten instead of appended to: the rewrite writes every row of the "
-        "history (loaded from the CSV on resume), so the file is the same; only the cost differs",
+        "file (read back from it), so the file is the same; only the cost differs",
     ("rl/infra/logging.py", "data[k] = float(v[0])", "minus_one"):
         "the branch for a run of one row: v has length 1, v[-1] is v[0]",
     ("rl/learning/pbt.py", ("value = jnp.where(source != jnp.arange(returns.shape[0]), jnp.clip(value, lo, hi), "
