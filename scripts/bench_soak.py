@@ -1,20 +1,23 @@
 """Soak: does a long run's host memory or time per log interval grow?
 
-    python -m scripts.bench_soak --minutes 60 [hydra overrides, default the DQN CartPole run]
+    python -m scripts.bench_soak --minutes 60 [--series soak.csv] [hydra overrides, default the DQN CartPole run]
 
 Trains through the whole host loop (rl/runners/loop.py: sub-chunks, logging, metrics.csv, periodic
 checkpoints) into a temporary run dir for `--minutes` of wall time, then stops it the way a preemption
 does (SIGTERM to itself: the sub-chunk in progress ends, a checkpoint is written). At every log (every
 `log_interval` env steps, default 10,000 here) it records the process's resident memory (RSS, from
-/proc/self/statm) and the seconds since the previous log. Prints one JSON line:
+/proc/self/statm) and the seconds since the previous log (`--series`: one CSV row `interval, seconds, rss_mb`
+per log, written as it goes). Prints one JSON line:
 
     {"minutes", "overrides", "log_interval", "intervals", "env_steps",
      "rss_mb_first", "rss_mb_last", "rss_growth", "s_per_interval_first", "s_per_interval_last",
      "time_growth"}
 
-"first" is the median of the 2nd-4th intervals (the 1st compiles), "last" the median of the last three;
-`*_growth` = last / first (about 1.0: nothing grows). With fewer than 4 intervals first and last are the
-medians over the intervals there are, past the first when there are two or more.
+"first" is the median over the first tenth of the intervals after the 1st (which compiles), "last" over the
+last tenth, each window at least 3 intervals (a load change on the machine moves a median of hundreds of
+intervals less than one of three); `*_growth` = last / first (about 1.0: nothing grows). With fewer than 4
+intervals first and last are the medians over the intervals there are, past the first when there are two or
+more.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ def rss_mb() -> float:
 
 
 def _ends(values: list[float]) -> tuple[float, float]:
-    """(median of the 2nd-4th, median of the last three) of `values`, the first dropped when there are more."""
+    """(median of the first tenth, median of the last tenth) of `values` after the first (dropped when there
+    are more), each window at least 3 values."""
     rest = values[1:] if len(values) > 1 else values
-    return statistics.median(rest[:3]), statistics.median(rest[-3:])
+    n = max(3, len(rest) // 10)
+    return statistics.median(rest[:n]), statistics.median(rest[-n:])
 
 
 def summary(records: list[tuple[float, float]], minutes: float, overrides: list[str], log_interval: int,
@@ -60,6 +65,7 @@ def summary(records: list[tuple[float, float]], minutes: float, overrides: list[
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--series", help="CSV file for one row per log: interval, seconds, rss_mb")
     args, overrides = parser.parse_known_args(argv)
     overrides = [*DEFAULTS, *overrides]
 
@@ -72,10 +78,16 @@ def main(argv: list[str] | None = None) -> dict:
     records, last = [], [time.perf_counter()]
     log = RunLogger.log
 
+    series = open(args.series, "w", buffering=1) if args.series else None  # noqa: SIM115 (closed below)
+    if series:
+        series.write("interval,seconds,rss_mb\n")
+
     def timed_log(self, env_steps, metrics):
         now = time.perf_counter()
         records.append((now - last[0], rss_mb()))
         last[0] = now
+        if series:
+            series.write(f"{len(records)},{records[-1][0]:.4f},{records[-1][1]:.2f}\n")
         return log(self, env_steps, metrics)
 
     RunLogger.log = timed_log
@@ -91,6 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         timer.cancel()
         RunLogger.log = log
+        if series:
+            series.close()
     out = summary(records, args.minutes, overrides, int(cfg.log_interval), env_steps)
     print(json.dumps(out), flush=True)
     return out
