@@ -2,7 +2,8 @@
 renderer draws the env state, one frame per reset and per step, uint8 `[H, W, 3]`, written and read back; the
 frames follow the state (the MiniGrid agent walks, a Craftax reset draws a new world, POPGym Arcade's frames are
 what the agent saw); a library without a renderer is refused in one line; `scripts.evaluate --video` films a
-trained xminigrid run."""
+trained xminigrid run. Craftax and POPGym Arcade are filmed in the slow tier (their renderers take 15-20 s to
+compile), the grid libraries in the default suite."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ def test_navix_video_follows_the_agent_through_two_episodes(tmp_path):
     _walks_east(clip)
 
 
+@pytest.mark.slow  # 21 s cold, Craftax's renderer compiled: the default suite films xminigrid and navix
 def test_craftax_symbolic_game_is_filmed_in_pixels(tmp_path):
     """Craftax-Classic-Symbolic (the agent sees `[1345]` floats) filmed by Craftax's pixel renderer, 16 px a block:
     `[144, 144, 3]`; standing still, an episode's frames show one world (only the daylight dims it by a level or
@@ -103,6 +105,7 @@ def test_craftax_symbolic_game_is_filmed_in_pixels(tmp_path):
     assert all(len(np.unique(f.reshape(-1, 3), axis=0)) > 20 for f in clip.frames)  # a scene, not a blank
 
 
+@pytest.mark.slow  # 15 s cold
 def test_popgym_arcade_video_is_the_frames_the_agent_saw(tmp_path):
     """CountRecallEasy, firing at every step (each fire shows the next card): cut at 6 frames, no episode
     finished; the frames are the game's frames, each the observation the policy acted on."""
