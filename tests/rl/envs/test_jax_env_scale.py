@@ -1,9 +1,13 @@
-"""Populations and several devices on a JAX env library's source (xminigrid's MiniGrid-Empty-5x5), through the
-runner code gymnax runs use: a DQN population trains its members apart, each on its own envs (the xminigrid
-TimeStep state stacked per row); a 4-device run (envs, buffer rows and batch split over the data devices, in
-a subprocess with forced CPU devices, tests/multidevice/train_run.py) ends where the 1-device run does."""
+"""Populations and several devices on each JAX env library's source, through the runner code gymnax runs use:
+a DQN population trains its members apart, each on its own envs (the library's env state stacked per row); a
+4-device run (envs, buffer rows and batch split over the data devices, in a subprocess with forced CPU devices,
+tests/multidevice/train_run.py) ends where the 1-device run does. Slow tier (xminigrid's pair: 51 s cold): the
+default suite runs populations and several devices on gymnax (tests/rl/learning/test_population.py,
+tests/rl/infra/test_sharding.py) and each library's source in a DQN smoke run (its own test file)."""
 
 from __future__ import annotations
+
+import os
 
 import jax
 import numpy as np
@@ -14,23 +18,48 @@ from agents.setup import compose
 from tests.rl.envs.jax_env_runs import TINY
 from tests.rl.infra.test_sharding import TRAIN, _env, _run_all
 
-pytest.importorskip("xminigrid")
+pytestmark = pytest.mark.slow
 
-ENV = ["env=xminigrid/empty_5x5", "+env.params.max_steps=20"]
+# library -> (its module, the env overrides of its smoke run, compiled unoptimised): navix's reset takes over 15
+# minutes to compile with XLA's defaults and the suite's classic emitters (tests/rl/envs/test_navix_source.py).
+SOURCES = {
+    "xminigrid": ("xminigrid", ["env=xminigrid/empty_5x5", "+env.params.max_steps=20"], False),
+    "navix": ("navix", ["env=navix/empty_5x5", "env.max_steps=20"], True),
+    "craftax": ("craftax", ["env=craftax/classic_symbolic", "+env.params.max_timesteps=20"], False),
+    "popgym_arcade": ("popgym_arcade", ["env=popgym_arcade/count_recall_easy"], False),
+}
 
 
-def test_a_population_trains_on_xminigrid(tmp_path):
+@pytest.fixture(params=list(SOURCES))
+def source(request):
+    """(name, env overrides) of one library, compiled as SOURCES says (here and in the processes started)."""
+    module, env, unoptimised = SOURCES[request.param]
+    pytest.importorskip(module)
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", before or unoptimised)
+    saved = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+    if unoptimised:
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    yield request.param, env
+    jax.config.update("jax_disable_most_optimizations", before)
+    if saved is not None:
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = saved
+
+
+def test_a_population_trains_its_members_apart(tmp_path, source):
     """`population.agent.optim.lr=[1e-3,3e-3]` x 2 seeds: 4 rows (member-major), each holding its learning rate,
-    its own 4 envs (the agents of different rows walk apart) and trained parameters; members' parameters part,
-    and every member evaluates greedily."""
-    pop = run(compose([*TINY["dqn"], *ENV, "logger=none", "seeds=2", "num_envs=4", "total_steps=256",
+    its own 4 envs (the env states of the two seeds part; members share a seed's env draws) and trained
+    parameters; members' parameters part, and every member evaluates greedily."""
+    _, env = source
+    pop = run(compose([*TINY["dqn"], *env, "logger=none", "seeds=2", "num_envs=4", "total_steps=256",
                        "log_interval=128", "eval_episodes=2", "checkpoint.enabled=false",
                        "population.agent.optim.lr=[1e-3,3e-3]"]), tmp_path)
     state = pop["state"][0]
     np.testing.assert_array_equal(np.asarray(state.agent.hparams["optim.lr"]), np.float32([1e-3] * 2 + [3e-3] * 2))
     assert np.all(np.asarray(state.agent.agent.updates) > 0)
-    positions = np.asarray(state.env.state.agent.position)  # xminigrid's TimeStep: [rows, envs, 2]
-    assert positions.shape == (4, 4, 2) and len({p.tobytes() for p in positions}) > 1
+    rows = [np.asarray(x) for x in jax.tree_util.tree_leaves(state.env)
+            if np.ndim(x) >= 2 and np.shape(x)[:2] == (4, 4) and np.issubdtype(np.asarray(x).dtype, np.number)]
+    assert rows and any(not np.array_equal(x[0], x[1]) for x in rows)  # [rows, envs, ...]: seeds 0 and 1
     params = jax.tree_util.tree_leaves(state.agent.agent.params)
     assert not all(np.allclose(p[0], p[2]) for p in params)
     assert len(pop["members"]) == 2
@@ -38,14 +67,15 @@ def test_a_population_trains_on_xminigrid(tmp_path):
                for m in pop["members"])
 
 
-def test_four_devices_match_one_device_on_xminigrid(tmp_path):
-    """DQN on Empty-5x5, 2 seeds of 4 envs, on 1 device and on 4 data devices, same global batch: same params
-    and greedy returns; the xminigrid env state and the buffer rows are split over the data devices."""
-    common = [*TINY["dqn"], *ENV, "logger=none", "seeds=2", "num_envs=4", "total_steps=256", "log_interval=128",
+def test_four_devices_match_one_device(tmp_path, source):
+    """DQN, 2 seeds of 4 envs, on 1 device and on 4 data devices, same global batch: same params and greedy
+    returns; the env state and the buffer rows are split over the data devices."""
+    _, env = source
+    common = [*TINY["dqn"], *env, "logger=none", "seeds=2", "num_envs=4", "total_steps=256", "log_interval=128",
               "eval_episodes=2", "agent.epsilon_decay_steps=128"]
     jobs = {name: ([str(tmp_path / f"{name}.json"), str(tmp_path / name), *common], _env(n))
             for name, n in (("one", 1), ("data4", 4))}
-    r = _run_all(jobs, tmp_path, script=TRAIN, out_arg=0)
+    r = _run_all(jobs, tmp_path, script=TRAIN, out_arg=0, timeout=1200)
     one, four = r["one"], r["data4"]
     assert (one["devices"], four["devices"]) == (1, 4)
     assert "P('seed', 'data')" in four["specs"]["env"] and "P('seed', 'data')" in four["specs"]["buffer"]
