@@ -158,9 +158,11 @@ def test_tested_settings_are_kept():
     assert (r2d2.lstm_size, r2d2.burn_in, r2d2.period, r2d2.optim.lr, r2d2.learning_starts) == (64, 10, 20, 5e-4, 5000)
     muesli = _agent("muesli", "cartpole")
     assert (muesli.sequence_length, muesli.train_interval, muesli.support_max, muesli.discount) == (20, 8, 20.0, 0.99)
-    # Muesli on MinAtar: the MinAtar suite's settings (replay ratio 4, MLP model, constant lr).
+    # Muesli on MinAtar: the MinAtar suite's settings (replay ratio 4, MLP model, constant lr) and its
+    # exploration floor (an entropy bonus and a uniform share in CMPO's prior).
     minatar = _agent("muesli", "breakout-minatar")
     assert (minatar.train_interval, minatar.network.model, minatar.optim.lr_schedule) == (16, "mlp", "constant")
+    assert (minatar.entropy_weight, minatar.prior_uniform_mix) == (0.1, 0.03)
     # DQN on MinAtar: the small preset with the MinAtar paper's replay size and epsilon schedule and Muesli's
     # MinAtar torso (the MinAtar suite's settings).
     minatar_dqn = ["agent.buffer_size=100000", "agent.epsilon_decay_steps=100000", "agent.epsilon_end=0.1",
