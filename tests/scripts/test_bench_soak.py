@@ -35,8 +35,8 @@ def test_the_ends_are_medians_over_a_tenth_of_the_intervals():
 
 
 def test_a_short_soak_prints_one_json_line(tmp_path):
-    args = ["--minutes", "0.1", "--series", str(tmp_path / "soak.csv"), "num_envs=4", "log_interval=400", "agent.learning_starts=100", "agent.batch_size=16",
-            "agent.buffer_size=400", "agent.network.hidden_sizes=[16]"]
+    args = ["--minutes", "0.1", "--series", str(tmp_path / "soak.csv"), "num_envs=4", "log_interval=400",
+            "agent.learning_starts=100", "agent.batch_size=16", "agent.buffer_size=400", "agent.network.hidden_sizes=[16]"]
     proc = subprocess.run([sys.executable, "-m", "scripts.bench_soak", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,10 +1,12 @@
 """Shared by the JAX-library source tests (tests/rl/envs/test_<lib>_source.py): stepping a source from the
-host, and a small end-to-end run (`smoke`): tiny network, a few hundred env steps, 2 vmapped seeds, a greedy
-evaluation during training and after it."""
+host, a small end-to-end run (`smoke`): tiny network, a few hundred env steps, 2 vmapped seeds, a greedy
+evaluation during training and after it; a learning run (`learns`); compiling `unoptimised`."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
 
 import jax
 import jax.numpy as jnp
@@ -64,3 +66,21 @@ def learns(run_dir, env: list[str], total_steps: int, *extra: str) -> np.ndarray
                    "agent.buffer_size=20000", "agent.learning_starts=1000",
                    f"agent.epsilon_decay_steps={total_steps // 4}", *extra])
     return np.asarray(run(cfg, run_dir)["eval_returns"])
+
+
+@contextlib.contextmanager
+def unoptimised():
+    """Inside: programs compile without XLA's backend optimisations, here and in the processes started (as the
+    default suite compiles). The slow tier's XLA defaults with the suite's classic emitters (tests/conftest.py)
+    take over 15 minutes to compile navix's reset (LLVM on one fusion: the key split stored in its state)."""
+    before, saved = jax.config.read("jax_disable_most_optimizations"), os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+    jax.config.update("jax_disable_most_optimizations", True)
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+        if saved is None:
+            os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+        else:
+            os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = saved

@@ -7,7 +7,7 @@ tests/rl/infra/test_sharding.py) and each library's source in a DQN smoke run (i
 
 from __future__ import annotations
 
-import os
+import contextlib
 
 import jax
 import numpy as np
@@ -15,7 +15,7 @@ import pytest
 
 from agents.experiment import run
 from agents.setup import compose
-from tests.rl.envs.jax_env_runs import TINY
+from tests.rl.envs.jax_env_runs import TINY, unoptimised
 from tests.rl.infra.test_sharding import TRAIN, _env, _run_all
 
 pytestmark = pytest.mark.slow
@@ -33,17 +33,10 @@ SOURCES = {
 @pytest.fixture(params=list(SOURCES))
 def source(request):
     """(name, env overrides) of one library, compiled as SOURCES says (here and in the processes started)."""
-    module, env, unoptimised = SOURCES[request.param]
+    module, env, slow_to_compile = SOURCES[request.param]
     pytest.importorskip(module)
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", before or unoptimised)
-    saved = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
-    if unoptimised:
-        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
-    yield request.param, env
-    jax.config.update("jax_disable_most_optimizations", before)
-    if saved is not None:
-        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = saved
+    with unoptimised() if slow_to_compile else contextlib.nullcontext():
+        yield request.param, env
 
 
 def test_a_population_trains_its_members_apart(tmp_path, source):

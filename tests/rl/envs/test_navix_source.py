@@ -1,7 +1,6 @@
 """rl/envs/navix_source.py: navix's MiniGrid ports as an Anakin source. The contract on the library's own envs
 (observations as navix draws them, the goal terminates, `max_steps` truncates, reset on the ending step rather
-than navix's step after), its config keys, a short DQN run, and (slow)
-DQN learning Empty-5x5."""
+than navix's step after), its config keys, a short DQN run, and (slow) DQN learning Empty-5x5."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pytest
 from agents.setup import compose
 from rl.config import ConfigError
 from rl.envs import env_config, make_source
-from tests.rl.envs.jax_env_runs import learns, rollout, smoke
+from tests.rl.envs.jax_env_runs import learns, rollout, smoke, unoptimised
 
 nx = pytest.importorskip("navix")
 
@@ -84,19 +83,8 @@ def test_dqn_trains_and_evaluates(tmp_path):
     smoke(tmp_path / "run", ["env=navix/empty_5x5", "env.max_steps=20"])
 
 
-@pytest.fixture
-def unoptimised():
-    """Compiled without XLA's backend optimisations, as the default suite compiles. The slow tier's XLA defaults
-    with the suite's classic emitters (tests/conftest.py) take over 15 minutes to compile the runner's init
-    (LLVM on one fusion of navix's reset: the key split stored in its state); XLA's shipped emitters take 3 s."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
-
-
 @pytest.mark.slow
-def test_dqn_learns_empty_5x5(tmp_path, unoptimised):
+def test_dqn_learns_empty_5x5(tmp_path):
     """Navix-Empty-5x5 seen through the agent's 7x7 view (`symbolic_first_person`, as MiniGrid's agents see
     it): the reward is 1 on reaching the goal and 0 otherwise (no time penalty), so the optimal return is 1,
     the goal 5 steps away. After 100k env steps every greedy episode of both seeds returns 1, and each seed's
@@ -106,17 +94,18 @@ def test_dqn_learns_empty_5x5(tmp_path, unoptimised):
     does. (On the whole-grid default observation DQN's preset did not learn in 50k steps: greedy 0.)"""
     from agents.experiment import load_policy
 
-    env = ["env=navix/empty_5x5", "env.observation=symbolic_first_person"]
-    returns = learns(tmp_path / "run", env, 100_000)
-    np.testing.assert_array_equal(returns, 1.0)
-    source = make_source({"source": "navix", "id": "Navix-Empty-5x5-v0", "observation": "symbolic_first_person"}, 1)
-    step = jax.jit(source.step)
-    for seed in (0, 1):
-        policy = load_policy(tmp_path / "run", seed)
-        state, obs = source.reset(jax.random.PRNGKey(seed))
-        for t in range(1, 101):
-            state, ts = step(state, policy.act(obs)[0], jax.random.PRNGKey(t))
-            obs = ts.obs
-            if ts.terminated[0] or ts.truncated[0]:
-                break
-        assert (t, float(ts.reward[0]), bool(ts.terminated[0])) == (5, 1.0, True), f"seed {seed}: {t} steps"
+    with unoptimised():  # navix's reset compiles in seconds so, in over 15 minutes with the slow tier's options
+        env = ["env=navix/empty_5x5", "env.observation=symbolic_first_person"]
+        returns = learns(tmp_path / "run", env, 100_000)
+        np.testing.assert_array_equal(returns, 1.0)
+        source = make_source({"source": "navix", "id": "Navix-Empty-5x5-v0", "observation": "symbolic_first_person"}, 1)
+        step = jax.jit(source.step)
+        for seed in (0, 1):
+            policy = load_policy(tmp_path / "run", seed)
+            state, obs = source.reset(jax.random.PRNGKey(seed))
+            for t in range(1, 101):
+                state, ts = step(state, policy.act(obs)[0], jax.random.PRNGKey(t))
+                obs = ts.obs
+                if ts.terminated[0] or ts.truncated[0]:
+                    break
+            assert (t, float(ts.reward[0]), bool(ts.terminated[0])) == (5, 1.0, True), f"seed {seed}: {t} steps"
