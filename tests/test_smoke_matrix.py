@@ -2,8 +2,9 @@
 seeds (1 and 2 where the source vmaps seeds) builds, initialises, runs >= 2 train steps and checkpoints
 (tests/smoke_case.py). The small presets also resume with `resume=<dir>` and evaluate, on both sources (2 vmapped
 seeds on gymnax); the paper presets (the same resume and evaluation code, other option values and sizes) train on
-2 vmapped seeds and on envpool. One gymnax seed runs the code of two (seeds are always vmapped; no branch reads
-the count), so the small presets' 1-seed gymnax cases are the slow tier's. The cases of one agent config run in one
+one gymnax seed and on envpool. One gymnax seed runs the code of two (seeds are always vmapped; no branch reads
+the count), so the other seed count of each preset (1 for the small presets, 2 for the paper ones, whose train
+steps dominate) is the slow tier's. The cases of one agent config run in one
 subprocess with a watchdog, so a hang fails with the case and stage named instead of stalling the suite; two such
 subprocesses run at a time (compilation is mostly single-threaded)."""
 
@@ -22,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # train-only ones).
 AGENTS = ["muesli_small", "r2d2_small", "dqn_small", "muesli_paper", "r2d2_paper", "dqn_paper"]
 # source:seeds[:train] (envpool runs one seed per process; `:train` stops after training and its checkpoint)
-CASES = {"small": ("gymnax:2", "envpool:1"), "paper": ("gymnax:2:train", "envpool:1:train")}
-SLOW_CASES = ("gymnax:1:train",)  # the small presets'
+CASES = {"small": ("gymnax:2", "envpool:1"), "paper": ("gymnax:1:train", "envpool:1:train")}
+SLOW_CASES = {"small": "gymnax:1:train", "paper": "gymnax:2:train"}
 WATCHDOG_S = 600
 
 
@@ -61,6 +62,7 @@ def test_agent_on_every_source(agent, outcomes):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", [a for a in AGENTS if a.endswith("_small")])
-def test_small_presets_on_one_gymnax_seed(agent, tmp_path):
-    _check(agent, *_run(agent, tmp_path, SLOW_CASES), "gymnax seeds=1")
+@pytest.mark.parametrize("agent", AGENTS)
+def test_presets_on_their_other_gymnax_seed_count(agent, tmp_path):
+    case = SLOW_CASES[agent.split("_")[-1]]
+    _check(agent, *_run(agent, tmp_path, (case,)), f"gymnax seeds={case.split(':')[1]}")

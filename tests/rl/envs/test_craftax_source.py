@@ -55,7 +55,7 @@ def test_max_timesteps_truncates_and_death_terminates():
     _, steps = rollout(source, np.full((4, 2), NOOP), jax.random.PRNGKey(1))
     assert [bool(s.truncated.all()) for s in steps] == [False, False, True, False]
     assert not any(s.terminated.any() for s in steps)
-    state, _ = source.reset(jax.random.PRNGKey(2))
+    state, _ = jax.jit(source.reset)(jax.random.PRNGKey(2))
     dying = state.replace(player_health=state.player_health.at[0].set(-5),
                           timestep=state.timestep.at[0].set(2))  # env 0 also reaches the limit at this step
     _, ts = jax.jit(source.step)(dying, jnp.zeros(2, jnp.int32), jax.random.PRNGKey(3))

@@ -33,9 +33,9 @@ def test_the_source_steps_navix_envs():
     assert (source.obs_shape, source.obs_dtype, source.num_actions, source.max_episode_steps) == (
         (5, 5, 3), np.uint8, 7, 100)
     key = jax.random.PRNGKey(3)
-    _, obs = source.reset(key)
+    _, obs = jax.jit(source.reset)(key)
     env = nx.make("Navix-Empty-5x5-v0")
-    np.testing.assert_array_equal(obs[1], env.reset(jax.random.split(key, 2)[1]).observation)
+    np.testing.assert_array_equal(obs[1], jax.jit(env.reset)(jax.random.split(key, 2)[1]).observation)
     # The player starts at (1, 1) facing east, the goal is at (3, 3): forward x2, rotate clockwise, forward x2.
     obs0, steps = rollout(source, [[a, a] for a in (FORWARD, FORWARD, CW, FORWARD, FORWARD)], jax.random.PRNGKey(0))
     ends = [(bool(s.terminated[0]), bool(s.truncated[0])) for s in steps]
@@ -60,7 +60,8 @@ def test_observation_picks_navix_observation_function():
     rgb = make_source({"source": "navix", "id": "Navix-Empty-5x5-v0", "observation": "rgb"}, 1)
     env = nx.make("Navix-Empty-5x5-v0", observation_fn=nx.observations.rgb)
     key = jax.random.PRNGKey(0)
-    np.testing.assert_array_equal(rgb.reset(key)[1][0], env.reset(jax.random.split(key, 1)[0]).observation)
+    np.testing.assert_array_equal(jax.jit(rgb.reset)(key)[1][0],
+                                  jax.jit(env.reset)(jax.random.split(key, 1)[0]).observation)
     assert rgb.obs_dtype == np.uint8 and rgb.obs_shape[-1] == 3 and rgb.obs_shape[0] > 5
 
 

@@ -33,8 +33,8 @@ def test_the_source_steps_xminigrid_envs():
     assert (source.obs_shape, source.obs_dtype, source.num_actions) == ((3, 3, 2), np.uint8, 6)
     env, params = xminigrid.make("MiniGrid-MemoryS8")
     key = jax.random.PRNGKey(3)
-    _, obs = source.reset(key)
-    np.testing.assert_array_equal(obs[1], env.reset(params, jax.random.split(key, 2)[1]).observation)
+    _, obs = jax.jit(source.reset)(key)
+    np.testing.assert_array_equal(obs[1], jax.jit(env.reset)(params, jax.random.split(key, 2)[1]).observation)
 
     source = make_source({"source": "xminigrid", "id": "MiniGrid-Empty-5x5"}, 1)
     assert source.obs_shape == (7, 7, 2) and source.max_episode_steps == 100

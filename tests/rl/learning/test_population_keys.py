@@ -5,7 +5,8 @@ those values as traced scalars acts and trains, for two train steps on one fille
 agent built with them, bit for bit (both read the values traced, so nothing may fall back to the config:
 the n-step buffer's reward sums and bootstrap discounts follow a member's discount), and to float rounding
 as that agent's plain run (the values as constants). And each key alone changes the result (an ignored key
-fails). One compiled program per side and agent: the per-key runs reuse the member's."""
+fails). One compiled program per side and agent, the train steps scanned and the acts vmapped so that each
+compiles once; the per-key runs reuse the member's."""
 
 from __future__ import annotations
 
@@ -111,10 +112,14 @@ def _program(name: str, agent, traced: bool):
             agent_, state = member, MemberState(hparams=hparams, agent=state)
         else:
             agent_ = agent
-        for i in range(2):
-            state, buffer_state, metrics = agent_.train_step(state, buffer_state, jax.random.PRNGKey(i + 1))
+        def train(carry_, i):  # scanned, not unrolled: the train step compiles once
+            state_, buffer_state_, metrics = agent_.train_step(*carry_, jax.random.PRNGKey(i + 1))
+            return (state_, buffer_state_), metrics
+
+        (state, buffer_state), metrics = jax.lax.scan(train, (state, buffer_state), jnp.arange(2))
         # eight draws, so that an exploration rate's change shows in the actions taken
-        acted = [agent_.act(state, obs, carry, jax.random.PRNGKey(9 + i), jnp.arange(NUM_ENVS)) for i in range(8)]
+        acted = jax.vmap(lambda i: agent_.act(state, obs, carry, jax.random.PRNGKey(9 + i),
+                                              jnp.arange(NUM_ENVS)))(jnp.arange(8))
         plain = state.agent if traced else state
         return jax.tree_util.tree_leaves((plain, buffer_state, metrics, acted))
 
