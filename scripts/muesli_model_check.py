@@ -1,7 +1,7 @@
 """How well does a saved Muesli run's model know what actions do, and how much of that can the training
 diagnostic `model_adv_corr` see?
 
-    python -m scripts.muesli_model_check <run dir> [--envs 16] [--steps 400] [--samples 8] [--seq-len 20]
+    python -m scripts.muesli_model_check <run dir> [--envs 16] [--steps 400] [--samples 8] [--seq-len 20] [--seed 0]
 
 On fresh trajectories of the run's exploring policy (seed 0, newest checkpoint, a source of the run's env
 with `--envs` envs, `--steps` steps), from the target network as the training targets use it:
@@ -142,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0, help="of the trajectories and the oracle's keys")
     args = parser.parse_args(argv)
     try:
-        fields, _ = check(args.run_dir, args.envs, args.steps, args.samples, args.seq_len)
+        fields, _ = check(args.run_dir, args.envs, args.steps, args.samples, args.seq_len, args.seed)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     print(json.dumps(fields), flush=True)

@@ -27,9 +27,13 @@ def test_the_check_of_a_short_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run(compose([*TINY["muesli"], "env=cartpole", "logger=none", "num_envs=4", "total_steps=256", "eval_episodes=0"]),
         run_dir)
-    muesli_model_check.main([str(run_dir), "--envs", "4", "--steps", "40", "--samples", "2", "--seq-len", "20"])
-    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(line) == FIELDS and line["steps"] == 40 and line["run"] == str(run_dir)
+    lines = []
+    for seed in ("0", "1"):
+        muesli_model_check.main([str(run_dir), "--envs", "4", "--steps", "40", "--samples", "2", "--seq-len", "20",
+                                 "--seed", seed])
+        lines.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert set(lines[0]) == FIELDS and lines[0]["steps"] == 40 and lines[0]["run"] == str(run_dir)
+    assert lines[0]["sd_adv_retrace"] != lines[1]["sd_adv_retrace"]  # --seed draws other trajectories
 
     # The short run's heads are still near their zero initialisation: jittered, so that the model's
     # advantages are more than rounding noise.
