@@ -33,7 +33,6 @@ import numpy as np
 
 from agents.experiment import _restored
 from agents.muesli import Muesli
-from agents.muesli.networks import MuesliNetwork
 from agents.muesli.targets import masked_correlation
 from rl.config import ConfigError
 from rl.envs import make_source, runner_of
@@ -41,15 +40,12 @@ from rl.envs import make_source, runner_of
 
 def _value_q_prior(agent: Muesli, params, obs):
     """v `[...]`, q `[..., A]` and the prior's probabilities `[..., A]` at observations `obs` `[..., *obs]`."""
-    states = agent._apply(params, MuesliNetwork.represent, obs)
-    prior_logits, _ = agent._apply(params, MuesliNetwork.predict, states)
-    q, _ = agent.lookahead(params, states)
-    prior = jax.nn.softmax(prior_logits, axis=-1)
-    return jnp.sum(prior * q, axis=-1), q, prior
+    v, q, prior_logits, _ = agent.baseline(params, obs)
+    return v, q, jax.nn.softmax(prior_logits, axis=-1)
 
 
-def _rollout(agent: Muesli, agent_state, source, envs: int, steps: int, key):
-    """`steps` steps of the exploring policy on `envs` envs: a dict of `[T, E, ...]` arrays (step format plus
+def _rollout(agent: Muesli, agent_state, source, steps: int, key):
+    """`steps` steps of the exploring policy on the source's envs: a dict of `[T, E, ...]` arrays (step format plus
     each step's env state before it)."""
     k0, key = jax.random.split(key)
     env_state, obs = source.reset(k0)
@@ -57,7 +53,7 @@ def _rollout(agent: Muesli, agent_state, source, envs: int, steps: int, key):
     def body(carry, k):
         env_state, obs = carry
         k_act, k_env = jax.random.split(k)
-        action, _, extras = agent.act(agent_state, obs, None, k_act, jnp.arange(envs))
+        action, _, extras = agent.act(agent_state, obs, None, k_act, jnp.arange(source.num_envs))
         next_state, ts = source.step(env_state, action, k_env)
         out = {"obs": obs, "action": action, "behaviour_logp": extras["behaviour_logp"], "reward": ts.reward,
                "terminated": ts.terminated, "truncated": ts.truncated, "next_obs": ts.next_obs,
@@ -68,12 +64,12 @@ def _rollout(agent: Muesli, agent_state, source, envs: int, steps: int, key):
 
 
 def _oracle_q(agent: Muesli, params, source, env_state, key, samples: int):
-    """`[E, A]`: each action stepped from `env_state` (`[E]` envs) with `samples` keys, the mean of
+    """`[E, A]`: each action stepped from `env_state` (the source's `E` envs) with `samples` keys, the mean of
     `r + discount * (1 - terminated) * v(next obs)`."""
-    actions, envs = source.num_actions, jax.tree_util.tree_leaves(env_state)[0].shape[:1]
+    actions = source.num_actions
 
     def one(action, k):
-        _, ts = source.step(env_state, jnp.full(envs, action, jnp.int32), k)
+        _, ts = source.step(env_state, jnp.full(source.num_envs, action, jnp.int32), k)
         v_next, _, _ = _value_q_prior(agent, params, ts.next_obs)
         return ts.reward + agent.cfg.discount * (1.0 - ts.terminated) * v_next
 
@@ -94,16 +90,16 @@ def check(run_dir: str, envs: int = 16, steps: int = 400, samples: int = 8, seq_
     if runner_of(cfg.env) != "anakin":
         raise ConfigError(f"env.source={cfg.env.source}: the oracle steps the env state inside jit; use a run "
                           "of a JAX env source (gymnax, xminigrid, navix, craftax, popgym_arcade)")
-    fields, arrays = measure(runner.agent, runner.agent_state(state, 0), make_source(cfg.env, envs), envs, steps,
-                             samples, seq_len, seed)
+    fields, arrays = measure(runner.agent, runner.agent_state(state, 0), make_source(cfg.env, envs), steps, samples,
+                             seq_len, seed)
     return {"run": str(run_dir), **fields}, arrays
 
 
-def measure(agent: Muesli, agent_state, source, envs: int, steps: int, samples: int, seq_len: int, seed: int = 0):
-    """`check` on an agent state and a source of `envs` envs (fields without `run`)."""
-    params = agent_state.target_params
+def measure(agent: Muesli, agent_state, source, steps: int, samples: int, seq_len: int, seed: int = 0):
+    """`check` on an agent state and a source (fields without `run`)."""
+    params, envs = agent_state.target_params, source.num_envs
     k_roll, k_oracle = jax.random.split(jax.random.PRNGKey(seed))
-    traj = jax.jit(lambda k: _rollout(agent, agent_state, source, envs, steps, k))(k_roll)
+    traj = jax.jit(lambda k: _rollout(agent, agent_state, source, steps, k))(k_roll)
     oracle = jax.jit(lambda s, k: _oracle_q(agent, params, source, s, k, samples))
     q_oracle = jax.lax.map(lambda xs: oracle(*xs), (traj["env_state"], jax.random.split(k_oracle, steps)))
     v, q, prior = jax.jit(lambda o: _value_q_prior(agent, params, o))(traj["obs"])  # [T, E], [T, E, A] x 2

@@ -242,17 +242,21 @@ class Muesli(StepFormat):
         reward = self.support.logits_to_scalar(reward_logits)
         return reward + discount * self.support.logits_to_scalar(next_value_logits), reward
 
+    def baseline(self, params, obs: jax.Array, discount=None):
+        """At observations `obs` `[..., *obs]`: (v `[...]`, q `[..., A]`, the prior's logits `[..., A]`, the
+        model's rewards `[..., A]`), with q the one-step look-ahead and v its mean under the prior, the baseline
+        every advantage is taken against (Retrace's v, CMPO's and the policy gradient's)."""
+        states = self._apply(params, MuesliNetwork.represent, obs)
+        prior_logits, _ = self._apply(params, MuesliNetwork.predict, states)
+        q, model_reward = self.lookahead(params, states, discount)
+        return jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1), q, prior_logits, model_reward
+
     def targets(self, state: MuesliState, batch: dict, valid: jax.Array, hp: dict | None = None):
         """Retrace, CMPO and advantage targets from the target network; updates the advantage EMA. `hp`:
         `hyperparams(...)` (default the config's)."""
         cfg, hp = self.cfg, hp or self.hyperparams()
-        params = state.target_params
-        states = self._apply(params, MuesliNetwork.represent, batch["obs"])  # [B, L, S]
-        prior_logits, _ = self._apply(params, MuesliNetwork.predict, states)
-        q, model_reward = self.lookahead(params, states, hp["discount"])  # [B, L, A] each
-        # The baseline is E_prior q of the same look-ahead, so that q and v are consistent (Retrace's v, the
-        # CMPO and policy-gradient advantages are all relative to it).
-        v = jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1)  # [B, L]
+        # v is E_prior q of the same look-ahead, so that q and v are consistent: [B, L], then [B, L, A] x 3
+        v, q, prior_logits, model_reward = self.baseline(state.target_params, batch["obs"], hp["discount"])
         action = batch["action"]
         log_prior_taken = taken(jax.nn.log_softmax(prior_logits), action)
         q_taken = taken(q, action)

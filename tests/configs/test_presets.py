@@ -102,9 +102,9 @@ def _expected_section(agent: str, preset: str | None) -> dict:
 def _option_env_pairs():
     """`agent=<agent>` on every env (its preset follows the env); a named preset on one env per source and
     family (its keys do not depend on the env)."""
-    kinds = {}
+    kinds, families = {}, presets.env_families()
     for env in ENVS:
-        kinds.setdefault((env.rpartition("/")[0], presets.env_families()[env]), env)
+        kinds.setdefault((env.rpartition("/")[0], families[env]), env)
     return [(option, env) for option in AGENT_OPTIONS for env in (ENVS if option in AGENTS else kinds.values())]
 
 

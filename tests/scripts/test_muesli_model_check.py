@@ -40,7 +40,7 @@ def test_the_check_of_a_short_run(tmp_path, capsys):
     cfg, runner, state = _restored(run_dir)
     agent_state = runner.agent_state(state, 0)
     agent_state = agent_state.replace(target_params=_jittered(agent_state.target_params, 0))
-    fields, arrays = muesli_model_check.measure(runner.agent, agent_state, make_source(cfg.env, 4), 4, 40, 2, 20)
+    fields, arrays = muesli_model_check.measure(runner.agent, agent_state, make_source(cfg.env, 4), 40, 2, 20)
     assert fields["sd_model_taken"] > 1e-2, fields
     np.testing.assert_allclose(fields["diag_model_adv_corr"], fields["corr_model_retrace"], atol=1e-5)
     traj, q_oracle = arrays["traj"], arrays["q_oracle"]
