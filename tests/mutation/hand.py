@@ -184,7 +184,7 @@ MUTANTS: list[Mutant] = [
     M('muesli_lookahead_undiscounted', 'agents/muesli/agent.py', 'Muesli.lookahead',
       'discount * self.support.logits_to_scalar(next_value_logits)',
       'self.support.logits_to_scalar(next_value_logits)', MUESLI),
-    M('muesli_baseline_max_q', 'agents/muesli/agent.py', 'Muesli.targets',
+    M('muesli_baseline_max_q', 'agents/muesli/agent.py', 'Muesli.baseline',
       'jnp.sum(jax.nn.softmax(prior_logits, axis=-1) * q, axis=-1)',
       'jnp.max(q, axis=-1)', MUESLI),
     M('muesli_retrace_args_swapped', 'agents/muesli/agent.py', 'Muesli.targets',
