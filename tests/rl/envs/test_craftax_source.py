@@ -35,8 +35,8 @@ def test_the_source_steps_craftax_classic():
         (1345,), np.float32, 17, 10_000)
     env = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
     key = jax.random.PRNGKey(3)
-    np.testing.assert_array_equal(source.reset(key)[1][1], env.reset_env(jax.random.split(key, 2)[1],
-                                                                        env.default_params)[0])
+    np.testing.assert_array_equal(jax.jit(source.reset)(key)[1][1],
+                                  jax.jit(env.reset_env)(jax.random.split(key, 2)[1], env.default_params)[0])
 
 
 def test_every_task_has_its_spaces():
