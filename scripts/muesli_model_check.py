@@ -99,10 +99,11 @@ def measure(agent: Muesli, agent_state, source, steps: int, samples: int, seq_le
     """`check` on an agent state and a source (fields without `run`)."""
     params, envs = agent_state.target_params, source.num_envs
     k_roll, k_oracle = jax.random.split(jax.random.PRNGKey(seed))
-    traj = jax.jit(lambda k: _rollout(agent, agent_state, source, steps, k))(k_roll)
-    oracle = jax.jit(lambda s, k: _oracle_q(agent, params, source, s, k, samples))
-    q_oracle = jax.lax.map(lambda xs: oracle(*xs), (traj["env_state"], jax.random.split(k_oracle, steps)))
-    v, q, prior = jax.jit(lambda o: _value_q_prior(agent, params, o))(traj["obs"])  # [T, E], [T, E, A] x 2
+    # The agent state is an argument of each program, never a constant baked into it.
+    traj = jax.jit(lambda st, k: _rollout(agent, st, source, steps, k))(agent_state, k_roll)
+    oracle = jax.jit(lambda p, ss, ks: jax.lax.map(lambda xs: _oracle_q(agent, p, source, *xs, samples), (ss, ks)))
+    q_oracle = oracle(params, traj["env_state"], jax.random.split(k_oracle, steps))  # [T, E, A]
+    v, q, prior = jax.jit(lambda p, o: _value_q_prior(agent, p, o))(params, traj["obs"])  # [T, E], [T, E, A] x 2
     adv_model = q - v[..., None]
     adv_oracle = q_oracle - jnp.sum(prior * q_oracle, axis=-1, keepdims=True)
 
@@ -113,7 +114,7 @@ def measure(agent: Muesli, agent_state, source, steps: int, samples: int, seq_le
         return seq(jnp.take_along_axis(x, traj["action"][..., None], axis=-1)[..., 0])
 
     batch = {k: seq(traj[k]) for k in ("obs", "action", "behaviour_logp", "reward", "terminated", "truncated")}
-    targets, _, metrics = agent.targets(agent_state, batch, jnp.ones(batch["action"].shape, bool))
+    targets, _, metrics = jax.jit(agent.targets)(agent_state, batch, jnp.ones(batch["action"].shape, bool))
     adv_retrace, mask = targets.retrace.q - seq(v), targets.retrace.mask
     model, oracle_taken = taken(adv_model), taken(adv_oracle)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,7 +45,8 @@ def test_the_check_of_a_short_run(tmp_path, capsys):
     assert fields["sd_model_taken"] > 1e-2, fields
     np.testing.assert_allclose(fields["diag_model_adv_corr"], fields["corr_model_retrace"], atol=1e-5)
     traj, q_oracle = arrays["traj"], arrays["q_oracle"]
-    v_next, _, _ = muesli_model_check._value_q_prior(runner.agent, agent_state.target_params, traj["next_obs"])
+    v_next, _, _ = jax.jit(lambda p, o: muesli_model_check._value_q_prior(runner.agent, p, o))(
+        agent_state.target_params, traj["next_obs"])
     expected = traj["reward"] + runner.agent.cfg.discount * (1.0 - traj["terminated"]) * v_next
     taken = jnp.take_along_axis(q_oracle, traj["action"][..., None], axis=-1)[..., 0]
     np.testing.assert_allclose(taken, expected, rtol=1e-4, atol=1e-4)  # two programs: not bit for bit
