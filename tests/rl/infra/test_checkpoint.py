@@ -68,3 +68,13 @@ def test_a_state_saved_as_a_dict_restores_into_the_dataclass_that_replaced_it(tm
     renamed = {**{k: v for k, v in old.items() if k != "owed"}, "owing": old["owed"]}
     with pytest.raises(ValueError, match="does not match"):
         checkpoint.restore(tmp_path, jax.eval_shape(lambda: renamed))
+
+
+def test_one_line_keeps_the_first_line_up_to_200_characters():
+    """The first non-blank line of the message (an OSError's strerror); 200 characters stay whole, a longer line
+    is cut to 197 and `...`; an empty message gives the exception's type."""
+    assert checkpoint.one_line(ValueError("\n  first  \nsecond")) == "first"
+    assert checkpoint.one_line(ValueError("x" * 200)) == "x" * 200
+    assert checkpoint.one_line(ValueError("x" * 201)) == "x" * 197 + "..."
+    assert checkpoint.one_line(OSError(28, "No space left on device")) == "No space left on device"
+    assert checkpoint.one_line(ValueError("")) == "ValueError"
