@@ -148,4 +148,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("buffers/rows.py", "last = jnp.full((num_envs + 1,), -1, jnp.int32).at[row].max(jnp.arange(n, dtype=jnp.int32))",
      "plus_one"):
         "the fill marks rows no entry wrote: any negative fill loses every max and equals no entry index",
+    ("rl/runners/loop.py", "key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed + 2 * 10**6), env_steps)",
+     "minus_one"):
+        "the offset only picks which episodes the evaluations during training draw: folded with the env step, any "
+        "offset keeps their keys apart from training's (seed + j) and the final evaluation's (seed + 10**6, not "
+        "folded)",
 }
