@@ -22,10 +22,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # they and the slow learning runs (run time, not compile time) get XLA's defaults (pytest_runtest_setup below).
 _UNOPTIMISED = os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # XLA:CPU's classic fusion emitters compile faster than its newer MLIR ones; their programs run somewhat slower,
-# which the tests, compile-bound, do not feel. Process-wide (JAX reads
-# XLA_FLAGS once), so `optimized` and slow tests get them too; processes the tests start inherit them (env, or
-# `xla_flags` where a test sets its own device count).
-TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+# which the tests, compile-bound, do not feel. Constant folding is off: XLA folds the JAX env libraries' renderers
+# (a reduce over an iota per frame) for over a second per program, and the learning runs of the slow tier take
+# the same time without it. Process-wide (JAX reads XLA_FLAGS once), so `optimized` and slow tests get them too;
+# processes the tests start inherit them (env, or `xla_flags` where a test sets its own device count).
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_disable_hlo_passes=constant_folding"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -85,7 +86,7 @@ def tiny_cfg():
 # Compile options that undo TEST_XLA_FLAGS for one compile: tests that inspect a compiled program (in-place
 # updates, loops, conditionals) compile it as a user's process does (the classic emitters expand a scatter into a
 # while loop, for one). `lowered.compile(SHIPPED)`.
-SHIPPED = {"xla_cpu_use_fusion_emitters": True}
+SHIPPED = {"xla_cpu_use_fusion_emitters": True, "xla_disable_hlo_passes": ""}
 
 
 def xla_flags(devices: int) -> str:
