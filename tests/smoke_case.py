@@ -1,11 +1,12 @@
-"""One row of the smoke matrix (tests/test_smoke_matrix.py), run in a subprocess under a watchdog:
+"""Rows of the smoke matrix (tests/test_smoke_matrix.py), run in a subprocess under a watchdog:
 
-    python -m tests.smoke_case <agent config> <run dir> <source:seeds[:train]> [...]
+    python -m tests.smoke_case <run root> <agent config>=<source:seeds[:train]>[,...] [...]
 
-for each case (e.g. gymnax:2, envpool:1) builds and initialises the run, trains until at least two train steps
-ran and checkpoints; then, unless the case ends in `:train`, resumes it from its checkpoint with `resume=<dir>`
-alone plus a higher total_steps (more train steps), and evaluates the saved run with `agents.experiment.evaluate_run` (as
-`python -m scripts.evaluate` does). Prints `CASE ... ok` lines; any failure exits non-zero with the traceback.
+for each agent config in turn, for each of its cases (e.g. gymnax:2, envpool:1) builds and initialises the run,
+trains until at least two train steps ran and checkpoints; then, unless the case ends in `:train`, resumes it from
+its checkpoint with `resume=<dir>` alone plus a higher total_steps (more train steps), and evaluates the saved run
+with `agents.experiment.evaluate_run` (as `python -m scripts.evaluate` does). Prints `CASE ... ok` lines; a failing
+config prints its traceback and `CASE <config>: failed`, the next config runs, and the exit status is non-zero.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import csv
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -70,7 +72,20 @@ def main(agent: str, source: str, seeds: int, run_dir: str, train_only: bool = F
     print(f"CASE {name}: ok ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
-if __name__ == "__main__":
-    for case in sys.argv[3:]:
+def run_config(agent: str, run_root: str, cases: list[str]) -> None:
+    for case in cases:
         source, seeds, *stage = case.split(":")
-        main(sys.argv[1], source, int(seeds), f"{sys.argv[2]}/{source}-{seeds}", train_only=stage == ["train"])
+        main(agent, source, int(seeds), f"{run_root}/{agent}/{source}-{seeds}", train_only=stage == ["train"])
+
+
+if __name__ == "__main__":
+    failed = []
+    for arg in sys.argv[2:]:
+        agent, _, cases = arg.partition("=")
+        try:
+            run_config(agent, sys.argv[1], cases.split(","))
+        except Exception:  # noqa: BLE001 - reported, and the next config still runs
+            traceback.print_exc()
+            print(f"CASE {agent}: failed", flush=True)
+            failed.append(agent)
+    sys.exit(1 if failed else 0)
