@@ -3,7 +3,9 @@
 Tasks: `Craftax-Classic-Symbolic-v1` (observations `[1345]` float32, 17 actions, 10k-step episodes),
 `Craftax-Symbolic-v1` (`[8268]` float32, 43 actions, 100k steps) and their `-Pixels-` versions (images
 `[H, W, 3]` float32 in [0, 1]), dtype kept. The envs are the library's no-auto-reset ones (gymnax's
-`reset_env`/`step_env`; rl/envs/jax_envs.py resets). Craftax's `done` joins death (and, in full Craftax,
+`reset_env`/`step_env`; rl/envs/jax_envs.py resets). Generating a world costs more than many steps, so
+`env.reset_ratio=r` generates ceil(num_envs / r) fresh worlds per step, shared by the envs that end
+(rl/envs/jax_envs.py: envs share a start only when more end at once; Craftax's optimistic reset). Craftax's `done` joins death (and, in full Craftax,
 beating the final boss) with the time limit; the source splits them: terminated where the game is over
 without the time limit, truncated where only `max_timesteps` ended it. Videos (any task, symbolic too): the
 library's pixel renderer of the state at 16 px a block, uint8 (Classic `[144, 144, 3]`, full `[208, 176, 3]`).
@@ -32,11 +34,14 @@ class EnvConfig:
     id: str = "Craftax-Classic-Symbolic-v1"  # one of TASKS
     family: str | None = "vector"  # the agents' preset it takes (rl.config.ENV_FAMILIES)
     params: dict[str, Any] = dataclasses.field(default_factory=dict)  # overrides of EnvParams
+    reset_ratio: int = 1  # envs per fresh world generated each step (Craftax's optimistic reset); 1: one per env
 
     def __post_init__(self):
         if self.source != "craftax":
             raise ValueError(f"env.source must be 'craftax' for a Craftax env config, got {self.source!r}")
         check_id("craftax", self.id, TASKS)
+        if int(self.reset_ratio) < 1:
+            raise ValueError(f"env.reset_ratio must be >= 1 (envs per fresh world per step), got {self.reset_ratio}")
 
 
 def single_env(cfg: EnvConfig) -> SingleEnv:
@@ -79,4 +84,5 @@ def make_source(env_cfg: Any, num_envs: int, seed: int = 0, envs_per_recv: int |
     `seed` and `envs_per_recv` are unused: the envs draw from the keys `reset`/`step` take."""
     from rl.config import to_dataclass
 
-    return JaxEnvSource(single_env(to_dataclass(EnvConfig, env_cfg, "env")), num_envs)
+    cfg = to_dataclass(EnvConfig, env_cfg, "env")
+    return JaxEnvSource(single_env(cfg), num_envs, resets=-(-int(num_envs) // int(cfg.reset_ratio)))

@@ -15,7 +15,11 @@ surface of `rl.envs.gymnax_source.GymnaxSource`: `reset`/`step` vmapped over `E 
 
 Where an episode ends (`terminated | truncated`) the env restarts from a fresh `reset` drawn from the step's
 key: `Timestep.obs` is the new episode's first observation and `Timestep.next_obs` the observation the action
-led to, so a truncated step bootstraps from it and only `terminated` stops bootstrapping. Termination and
+led to, so a truncated step bootstraps from it and only `terminated` stops bootstrapping. By default every env
+draws its own reset at every step (the where-selected one is used). `JaxEnvSource(single, E, resets=n)` with
+n < E draws only n fresh resets per step, shared by the envs that end: the j-th env to end (in env order) takes
+fresh reset `j mod n`, so envs share a start only when more than n end at once (Craftax's optimistic reset,
+for libraries whose reset costs more than a step: Craftax generates a world). Termination and
 truncation stay apart (each adapter reads them from its library), observations keep the library's dtype
 (uint8 grids and pixels stay uint8), rewards are float32. Episode returns and lengths are the runner's
 (`rl.envs.episodes.EpisodeStats`).
@@ -61,8 +65,12 @@ class SingleEnv:
 class JaxEnvSource:
     """`num_envs` copies of one `SingleEnv`, vmapped, with auto-reset (the module docstring's contract)."""
 
-    def __init__(self, env: SingleEnv, num_envs: int):
+    def __init__(self, env: SingleEnv, num_envs: int, resets: int | None = None):
         self.env, self.num_envs = env, int(num_envs)
+        if resets is not None and not 1 <= resets <= self.num_envs:
+            raise ValueError(f"{env.name}: fresh resets per step must be in 1..{self.num_envs} (num_envs), "
+                             f"got {resets}")
+        self.resets = None if resets in (None, self.num_envs) else int(resets)  # None: one per env
         self.num_actions = int(env.num_actions)
         self.max_episode_steps = env.max_episode_steps
         obs = jax.eval_shape(lambda k: env.reset(k)[1], jax.random.PRNGKey(0))
@@ -86,8 +94,31 @@ class JaxEnvSource:
         return state, ts
 
     def step(self, env_state, action: jax.Array, key: jax.Array):
+        if self.resets is not None:
+            return self._step_shared_resets(env_state, action, key)
         keys = jax.random.split(key, self.num_envs)
         state, ts = jax.vmap(self._step_one)(keys, env_state, action.astype(jnp.int32))
+        return _strong(state), ts
+
+    def _step_shared_resets(self, env_state, action: jax.Array, key: jax.Array):
+        """`step` with `resets` fresh resets shared by the envs that end (the module docstring): env e steps with
+        key `split(split(key)[0], E)[e]`, fresh reset j is drawn from `split(split(key)[1], resets)[j]`."""
+        k_step, k_reset = jax.random.split(key)
+        state, next_obs, reward, terminated, truncated = jax.vmap(self.env.step)(
+            jax.random.split(k_step, self.num_envs), env_state, action.astype(jnp.int32))
+        next_obs = next_obs.astype(self.obs_dtype)
+        terminated, truncated = jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)
+        done = terminated | truncated
+        fresh_state, fresh_obs = jax.vmap(self.env.reset)(jax.random.split(k_reset, self.resets))
+        slot = (jnp.cumsum(done) - 1) % self.resets  # [E]: the j-th env to end takes fresh reset j mod n
+
+        def pick(fresh, current):
+            chosen = fresh[slot]
+            return jnp.where(done.reshape(done.shape + (1,) * (current.ndim - 1)), chosen, current)
+
+        state = jax.tree_util.tree_map(pick, fresh_state, state)
+        ts = Timestep(obs=pick(fresh_obs.astype(self.obs_dtype), next_obs), reward=jnp.asarray(reward, jnp.float32),
+                      terminated=terminated, truncated=truncated & ~terminated, next_obs=next_obs)
         return _strong(state), ts
 
 

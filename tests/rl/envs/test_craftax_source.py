@@ -22,6 +22,8 @@ COVERS = {  # read with ast by tests/test_option_coverage.py: literals only
     "env.craftax.family": "test_the_yaml_family_picks_the_vector_presets",
     "env.craftax.params": ["test_max_timesteps_truncates_and_death_terminates",
                            "test_bad_values_are_refused_in_one_line"],
+    "env.craftax.reset_ratio": ["test_reset_ratio_sets_the_fresh_worlds_per_step",
+                                "test_bad_values_are_refused_in_one_line"],
 }
 NOOP = 0
 
@@ -69,6 +71,16 @@ def test_bad_values_are_refused_in_one_line():
         env_config({"source": "craftax", "id": "Craftax-v0"})
     with pytest.raises(ValueError, match=r"env.params: \['lives'\] are not parameters of Craftax-Classic"):
         make_source({"source": "craftax", "params": {"lives": 2}}, 1)
+    with pytest.raises(ConfigError, match=r"env.reset_ratio must be >= 1 \(envs per fresh world per step\), got 0"):
+        env_config({"source": "craftax", "reset_ratio": 0})
+
+
+def test_reset_ratio_sets_the_fresh_worlds_per_step():
+    """ceil(num_envs / reset_ratio) fresh worlds per step (rl/envs/jax_envs.py shares them); 1: one per env."""
+    assert make_source({"source": "craftax"}, 8).resets is None
+    assert make_source({"source": "craftax", "reset_ratio": 4}, 8).resets == 2
+    assert make_source({"source": "craftax", "reset_ratio": 3}, 8).resets == 3
+    assert make_source({"source": "craftax", "reset_ratio": 16}, 8).resets == 1
 
 
 def test_the_yaml_family_picks_the_vector_presets():

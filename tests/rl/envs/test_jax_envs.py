@@ -69,6 +69,38 @@ def test_auto_reset_keeps_the_final_observation_and_the_two_ends_apart():
         assert ts.terminated.dtype == ts.truncated.dtype == jnp.bool_
 
 
+def test_shared_resets_go_to_the_envs_that_end_in_env_order():
+    """`resets=2` of 4 envs: NumPy reference of the counters, where the j-th env to end in a step (env order)
+    starts from fresh reset `j mod 2`, drawn from `split(split(key)[1], 2)[j mod 2]`; the others go on. Three
+    ends at once: the first and the third share a start."""
+    source = JaxEnvSource(_counter(), 4, resets=2)
+    state, obs = jax.jit(source.reset)(jax.random.PRNGKey(0))
+    step = jax.jit(source.step)
+    actions = np.array([[0, 2, 0, 2], [2, 2, 0, 2], [0, 0, 1, 0], [0, 0, 0, 0]])
+    t, marks = np.zeros(4, int), np.asarray(obs[:, 1]).astype(int)
+    for i, a in enumerate(actions):
+        key = jax.random.PRNGKey(20 + i)
+        state, ts = step(state, jnp.asarray(a), key)
+        t = t + 1
+        done = (a == 2) | (t >= LIMIT)
+        np.testing.assert_array_equal(ts.next_obs, np.stack([t, marks], 1))
+        fresh = [_reset_mark(k) for k in jax.random.split(jax.random.split(key)[1], 2)]
+        for j, e in enumerate(np.flatnonzero(done)):
+            marks[e] = fresh[j % 2]
+        t = np.where(done, 0, t)
+        np.testing.assert_array_equal(ts.obs, np.stack([t, marks], 1))
+        np.testing.assert_array_equal(state[0], t)
+        np.testing.assert_array_equal(state[1], marks)
+    assert int(np.sum(actions[1] == 2)) == 3 and fresh[0] != fresh[1]  # the shared start was tested
+
+
+def test_resets_per_step_are_one_to_num_envs():
+    assert JaxEnvSource(_counter(), 3, resets=3).resets is None  # one per env: the default path
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match=rf"^Counter: fresh resets per step must be in 1..3 \(num_envs\), got {bad}$"):
+            JaxEnvSource(_counter(), 3, resets=bad)
+
+
 def test_reset_and_step_vmap_over_seeds_inside_jit():
     """As the Anakin runner uses a source: seeds vmapped over the batched reset and step, inside jit."""
     source = JaxEnvSource(_counter(), 2)
