@@ -1,6 +1,6 @@
 """rl/envs/craftax_source.py: Craftax (Classic and full) as an Anakin source. The contract on the library's own
 envs (symbolic observations as Craftax draws them, death terminates, `max_timesteps` truncates), its config
-keys, and a short DQN run."""
+keys, a short DQN run, and (slow tier) DQN learning Craftax-Classic."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from agents.setup import compose
 from rl.config import ConfigError
 from rl.envs import env_config, make_source
-from tests.rl.envs.jax_env_runs import rollout, smoke
+from tests.rl.envs.jax_env_runs import learns, rollout, smoke
 
 pytest.importorskip("craftax")
 
@@ -91,3 +91,17 @@ def test_the_yaml_family_picks_the_vector_presets():
 
 def test_dqn_trains_and_evaluates(tmp_path):
     smoke(tmp_path / "run", ["env=craftax/classic_symbolic", "+env.params.max_timesteps=20"])
+
+
+@pytest.mark.slow
+def test_dqn_learns_craftax_classic(tmp_path):
+    """Craftax-Classic-Symbolic, DQN's vector preset, one fresh world per step for the 16 envs
+    (`env.reset_ratio=16`): after 500k env steps both seeds' training return over the last logged chunk is at
+    least 2.4 and the 16 greedy episodes' mean is above the uniformly random policy's 1.33 (64 episodes, seed 0;
+    its episodes last 130 steps). Calibration run: training return 1.83-2.01 at 50k, 3.07 / 2.88 at 500k; greedy
+    1.98 / 2.48 (8 episodes per seed)."""
+    returns = learns(tmp_path / "run", ["env=craftax/classic_symbolic", "env.reset_ratio=16"], 500_000)
+    rows = np.genfromtxt(tmp_path / "run" / "metrics.csv", delimiter=",", names=True)
+    last = rows[rows["env_steps"] == rows["env_steps"].max()]
+    assert len(last) == 2 and (last["episode_return"] >= 2.4).all(), last["episode_return"]
+    assert returns.mean() > 1.33, returns
