@@ -82,15 +82,22 @@ class JaxEnvSource:
 
     def _step_one(self, key: jax.Array, state, action: jax.Array):
         k_step, k_reset = jax.random.split(key)
-        state, next_obs, reward, terminated, truncated = self.env.step(k_step, state, action)
+        return self._restarted(self.env.step(k_step, state, action), *self.env.reset(k_reset))
+
+    def _restarted(self, stepped, fresh_state, fresh_obs):
+        """`(state, Timestep)` of a step's outputs `stepped` = (state, next_obs, reward, terminated, truncated)
+        with the state and obs of `fresh_state`/`fresh_obs` (same leading dims) where the episode ended."""
+        state, next_obs, reward, terminated, truncated = stepped
         next_obs = next_obs.astype(self.obs_dtype)
         terminated, truncated = jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)
-        fresh_state, fresh_obs = self.env.reset(k_reset)
         done = terminated | truncated
-        state = jax.tree_util.tree_map(lambda f, s: jnp.where(done, f, s), fresh_state, state)
-        obs = jnp.where(done, fresh_obs.astype(self.obs_dtype), next_obs)
-        ts = Timestep(obs=obs, reward=jnp.asarray(reward, jnp.float32), terminated=terminated,
-                      truncated=truncated & ~terminated, next_obs=next_obs)
+
+        def pick(fresh, current):
+            return jnp.where(done.reshape(done.shape + (1,) * (current.ndim - done.ndim)), fresh, current)
+
+        state = jax.tree_util.tree_map(pick, fresh_state, state)
+        ts = Timestep(obs=pick(fresh_obs.astype(self.obs_dtype), next_obs), reward=jnp.asarray(reward, jnp.float32),
+                      terminated=terminated, truncated=truncated & ~terminated, next_obs=next_obs)
         return state, ts
 
     def step(self, env_state, action: jax.Array, key: jax.Array):
@@ -104,23 +111,13 @@ class JaxEnvSource:
         """`step` with `resets` fresh resets shared by the envs that end (the module docstring): env e steps with
         key `split(split(key)[0], E)[e]`, fresh reset j is drawn from `split(split(key)[1], resets)[j]`."""
         k_step, k_reset = jax.random.split(key)
-        state, next_obs, reward, terminated, truncated = jax.vmap(self.env.step)(
-            jax.random.split(k_step, self.num_envs), env_state, action.astype(jnp.int32))
-        next_obs = next_obs.astype(self.obs_dtype)
-        terminated, truncated = jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)
-        done = terminated | truncated
+        stepped = jax.vmap(self.env.step)(jax.random.split(k_step, self.num_envs), env_state,
+                                          action.astype(jnp.int32))
+        done = jnp.asarray(stepped[3], bool) | jnp.asarray(stepped[4], bool)
         fresh_state, fresh_obs = jax.vmap(self.env.reset)(jax.random.split(k_reset, self.resets))
         slot = (jnp.cumsum(done) - 1) % self.resets  # [E]: the j-th env to end takes fresh reset j mod n
-
-        def pick(fresh, current):
-            chosen = fresh[slot]
-            return jnp.where(done.reshape(done.shape + (1,) * (current.ndim - 1)), chosen, current)
-
-        state = jax.tree_util.tree_map(pick, fresh_state, state)
-        ts = Timestep(obs=pick(fresh_obs.astype(self.obs_dtype), next_obs), reward=jnp.asarray(reward, jnp.float32),
-                      terminated=terminated, truncated=truncated & ~terminated, next_obs=next_obs)
+        state, ts = self._restarted(stepped, jax.tree_util.tree_map(lambda x: x[slot], fresh_state), fresh_obs[slot])
         return _strong(state), ts
-
 
 def _strong(tree):
     """`tree` without weak types (a library's `jnp.asarray(1.0)` in its state, e.g. xminigrid's `discount`): the
