@@ -24,9 +24,13 @@ _UNOPTIMISED = os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # XLA:CPU's classic fusion emitters compile faster than its newer MLIR ones; their programs run somewhat slower,
 # which the tests, compile-bound, do not feel. Constant folding is off: XLA folds the JAX env libraries' renderers
 # (a reduce over an iota per frame) for over a second per program, and the learning runs of the slow tier take
-# the same time without it. Process-wide (JAX reads XLA_FLAGS once), so `optimized` and slow tests get them too;
-# processes the tests start inherit them (env, or `xla_flags` where a test sets its own device count).
-TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_disable_hlo_passes=constant_folding"
+# the same time without it. LLVM compiles each program as one module: split into parts for parallel codegen
+# threads it costs the split and buys nothing while the suite's workers keep both cores busy (about 6% of the
+# CPU time of the compile-bound agent and runner tests). Process-wide (JAX reads XLA_FLAGS once), so `optimized`
+# and slow tests get them too; processes the tests start inherit them (env, or `xla_flags` where a test sets its
+# own device count).
+TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_disable_hlo_passes=constant_folding "
+                  "--xla_cpu_parallel_codegen_split_count=1")
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("WANDB_MODE", "disabled")

@@ -23,12 +23,14 @@ from agents.setup import compose
 
 # Per agent config: overrides that let >= 2 train steps run early, the log interval L (a multiple of the
 # env steps per iteration, so every chunk of both runs is the same compiled program) and the two totals.
-# Only the replay size, learning_starts, (R2D2) the train interval and Muesli's paper batch are lowered (its
-# 96 sequences of 30 steps over 601 atoms are half of the case's CPU time); networks, sequence lengths and every
-# other option stay the preset's (a batch of 8 still takes 2 sequences from the online queue).
+# Only the replay size, learning_starts, (R2D2) the train interval and the sequence agents' batch (8) are lowered
+# (Muesli's paper batch of 96 sequences of 30 steps over 601 atoms is half of its case's CPU time, R2D2's of 64
+# sequences of 80 steps through a 512-unit LSTM runs unoptimised); networks, sequence lengths and every other
+# option stay the preset's (a Muesli batch of 8 still takes 2 sequences from the online queue).
 NUM_ENVS, ENVPOOL = 4, ["env.envs_per_recv=2", "env.recvs_per_chunk=8"]
 DQN = (["agent.learning_starts=64", "agent.buffer_size=400"], 64, 128, 192)
-R2D2 = (["agent.learning_starts=320", "agent.buffer_size=2000", "agent.train_interval=10"], 200, 400, 600)
+R2D2 = (["agent.learning_starts=320", "agent.buffer_size=2000", "agent.train_interval=10", "agent.batch_size=8"],
+        200, 400, 600)
 SETTINGS = {
     "dqn_paper": DQN, "dqn_small": DQN, "r2d2_paper": R2D2, "r2d2_small": R2D2,
     "muesli_paper": (["agent.learning_starts=240", "agent.buffer_size=4000", "agent.batch_size=8"],
