@@ -117,6 +117,7 @@ class RunLogger:
         self.total_steps = self.cfg.total_steps if total_steps is None else int(total_steps)
         self.metrics = MetricsFile(self.run_dir / "metrics.csv", list(self.rows[0]))
         self._last = (time.perf_counter(), start_step)
+        self._warm: tuple[float, int] | None = None  # (time, env steps) at the end of the first call
         self._recent = float("nan")
         if not self.primary:
             self.logged_rows, self._started = logged_rows or len(history or []), True
@@ -191,8 +192,9 @@ class RunLogger:
             self.metrics.append(rows)
             self.paths["metrics"] = self.metrics.path
         now = time.perf_counter()
-        sps = (env_steps - self._last[1]) / max(now - self._last[0], 1e-9)
-        self._last = (now, env_steps)
+        t0, s0 = self._warm if self._warm is not None and env_steps > self._warm[1] else self._last
+        sps = (env_steps - s0) / max(now - t0, 1e-9)
+        self._last, self._warm = (now, env_steps), None
         if RETURN_KEY in per_seed and not np.all(np.isnan(per_seed[RETURN_KEY])):
             self._recent = float(np.nanmean(per_seed[RETURN_KEY]))
         for run, mine in self._wandb:  # each run its rows: `<key>/mean`, and per seed or the value itself
@@ -234,6 +236,13 @@ class RunLogger:
                 elif isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in np.ravel(v)):
                     rows = [v[r] for r in mine] if len(v) == self.num_seeds else v
                     run.summary[f"{k}/mean"] = float(np.mean(rows))
+
+    def first_call(self, start: int, env_steps: int, seconds: float) -> None:
+        """The run's first call (it compiles) took `seconds` from `start` to `env_steps`: a line saying so, and
+        the env steps per second of the row that holds it count from its end (a row that is only that call
+        keeps the rate with the compile in it)."""
+        self.note(f"first call (compile + {env_steps - start} env steps per seed): {seconds:.1f}s")
+        self._warm = (time.perf_counter(), env_steps)
 
     def note(self, message: str) -> None:
         """Print a line without breaking the progress bar (and append it to train.log)."""

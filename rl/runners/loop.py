@@ -225,7 +225,7 @@ def _train(cfg: TrainConfig, runner, logger, state, env_steps: int, watch: Signa
                 seconds = time.perf_counter() - t0
                 pace.record(start, env_steps, seconds)
                 if first:
-                    logger.note(f"first call (compile + {env_steps - start} env steps per seed): {seconds:.1f}s")
+                    logger.first_call(start, env_steps, seconds)
                     first = False
                 logger.progress(env_steps)
                 if (eta := pace.eta_note(env_steps, runner.num_seeds)) is not None:

@@ -1,8 +1,10 @@
-"""rl/infra/logging.py: the progress bar's total and postfix, and the learning curve when no episode has finished."""
+"""rl/infra/logging.py: the progress bar's total and postfix, the rows' env steps per second (the first
+call's compile left out), and the learning curve when no episode has finished."""
 
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 
 import matplotlib.figure
@@ -191,6 +193,30 @@ def test_a_population_logs_one_wandb_run_per_member_in_one_group(tmp_path, monke
     assert logger.wandb_id == ",".join(r.id for r in runs)
     paths = logger.close()
     assert len(list(paths["wandb"].glob("offline-run-*"))) == 2
+
+
+def test_the_rate_of_the_row_holding_the_first_call_leaves_its_compile_out(tmp_path, monkeypatch):
+    """The env steps per second of the row holding the first call count from that call's end; a row that is
+    only the first call keeps the rate from the start (nothing else to time)."""
+    clock = iter([0.0, 10.0, 12.0, 14.0, 100.0, 110.0, 112.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    logger = RunLogger(_cfg(4000, progress=False), tmp_path)
+    logger.start(start_step=0, num_seeds=2)  # t = 0
+    logger.first_call(0, 200, 10.0)  # t = 10: 200 env steps per seed in 10 s, compile included
+    logger.log(1000, {})  # t = 12: 800 more in 2 s
+    logger.log(2000, {})  # t = 14
+    logger.close()
+    resumed = RunLogger(_cfg(4000, progress=False), tmp_path / "resumed")
+    resumed.start(start_step=2000, num_seeds=2)  # t = 100
+    resumed.first_call(2000, 3000, 10.0)  # t = 110: the first call is the whole first row
+    resumed.log(3000, {})  # t = 112
+    resumed.close()
+    rates = [line.split("] ", 1)[1] for run in (tmp_path, tmp_path / "resumed")
+             for line in (run / "train.log").read_text().splitlines() if "SPS" in line]
+    assert rates == [
+        "env step 1,000 per seed: 800 SPS (all seeds), no episode finished yet",  # 2 x 800 / 2 s, not 2 x 1000 / 12 s
+        "env step 2,000 per seed: 1,000 SPS (all seeds), no episode finished yet",
+        "env step 3,000 per seed: 167 SPS (all seeds), no episode finished yet"]  # 2 x 1000 / 12 s
 
 
 def test_a_member_with_one_seed_logs_its_values_under_their_own_names(tmp_path, monkeypatch):
