@@ -119,6 +119,7 @@ class JaxEnvSource:
         state, ts = self._restarted(stepped, jax.tree_util.tree_map(lambda x: x[slot], fresh_state), fresh_obs[slot])
         return _strong(state), ts
 
+
 def _strong(tree):
     """`tree` without weak types (a library's `jnp.asarray(1.0)` in its state, e.g. xminigrid's `discount`): the
     state a step returns has the types of the one it took, so a compiled loop over it is compiled once (the
