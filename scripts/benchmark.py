@@ -2,6 +2,7 @@
 
     python -m scripts.benchmark suite=minatar                  # DQN, Muesli x 5 MinAtar games, 5M steps, 3 seeds
     python -m scripts.benchmark suite=memory                   # R2D2, DQN x MemoryChain 10/30/50, masked CartPole
+    python -m scripts.benchmark suite=minigrid_memory          # R2D2, DQN x xminigrid MemoryS8/S16, success rates
     python -m scripts.benchmark suite=minatar quick=true       # smoke run: 200k steps, 1 seed, 2 games
     python -m scripts.benchmark suite=minatar tasks=[breakout] agents=[dqn] out_dir=/tmp/b
     python -m scripts.benchmark suite=minatar dry_run=true     # print the runs' training commands
@@ -24,7 +25,8 @@ existing run dir stops with an error instead of mixing configs) and every attemp
 Outputs in `out_dir` (default outputs/benchmark/<suite>, git-ignored):
 * `results.csv`: one row per run: agent, task, status, env_steps, seeds, eval_mean/eval_std (greedy
   evaluation after training: mean over seeds of each seed's mean return, std over seeds), eval_episodes
-  (per seed), last10_mean/
+  (per seed), success (tasks with `success_above: <return>` in the suite yaml: the share of greedy episodes
+  returning more than that, mean over seeds; empty otherwise), last10_mean/
   last10_std (training episode return over the last 10% of env steps, from metrics.csv: each seed's mean
   over the episodes finished there, then mean/std over seeds), wall_s (summed over attempts, compile and
   evaluation included), wall_complete (False when an attempt was killed outright: its time is unknown and
@@ -68,7 +70,7 @@ from scripts.plot import aggregate, collect_curves
 
 REPO = Path(__file__).resolve().parent.parent
 RECORD = "benchmark_run.json"
-CSV_COLUMNS = ("agent", "task", "status", "env_steps", "seeds", "eval_mean", "eval_std", "eval_episodes",
+CSV_COLUMNS = ("agent", "task", "status", "env_steps", "seeds", "eval_mean", "eval_std", "eval_episodes", "success",
                "last10_mean", "last10_std", "wall_s", "wall_complete", "sps", "commits", "run_dir")
 
 
@@ -79,6 +81,7 @@ class Run:
     run_dir: Path
     overrides: list[str]  # training overrides, without resume / hydra.run.dir
     references: dict[str, float] = field(default_factory=dict)
+    success_above: float | None = None  # a greedy episode returning more than this succeeded (suite yaml)
 
 
 class BenchmarkError(RuntimeError):
@@ -129,7 +132,9 @@ def plan(cfg: DictConfig) -> tuple[dict, list[Run]]:
                          f"log_interval={s['log_interval']}", f"checkpoint.interval={s['checkpoint_interval']}",
                          f"logger={cfg.logger}", *cfg.extra_overrides]
             refs = {k: float(v) for k, v in (t.get("references") or {}).items()}
-            runs.append(Run(agent, task, s["out_dir"] / "runs" / task / agent, [str(o) for o in overrides], refs))
+            above = t.get("success_above")
+            runs.append(Run(agent, task, s["out_dir"] / "runs" / task / agent, [str(o) for o in overrides], refs,
+                            None if above is None else float(above)))
     return s, runs
 
 
@@ -290,15 +295,17 @@ def result_row(run: Run, status: str | None = None) -> dict:
     wall = sum(a.get("wall_s") or 0.0 for a in attempts)
     wall_complete = all(a.get("wall_s") is not None for a in attempts)  # an attempt killed outright has none
     steps, seeds = fin.get("env_steps"), fin.get("seeds") or 0
-    eval_episodes = None
+    eval_episodes, success = None, math.nan
     if (run.run_dir / "summary.json").exists():
         evals = json.loads((run.run_dir / "summary.json").read_text()).get("eval_returns") or []
         eval_episodes = len(evals[0]) if evals else 0
+        if evals and run.success_above is not None:
+            success = float(np.mean([np.mean(np.asarray(e, float) > run.success_above) for e in evals]))
     sps = steps * seeds / wall if steps and seeds and wall > 0 and wall_complete else math.nan
     commits = " ".join(dict.fromkeys(a["commit"] for a in attempts if a.get("commit")))  # in attempt order
     return {"agent": run.agent, "task": run.task, "status": status, "env_steps": steps, "seeds": seeds,
             "eval_mean": fin.get("eval_return", math.nan), "eval_std": fin.get("eval_return_std", math.nan),
-            "eval_episodes": eval_episodes,
+            "eval_episodes": eval_episodes, "success": success,
             "last10_mean": last_mean, "last10_std": last_std, "wall_s": wall if wall > 0 else math.nan,
             "wall_complete": wall_complete,
             "sps": sps, "commits": commits, "run_dir": str(run.run_dir)}
@@ -317,13 +324,15 @@ class _Uniform:
         return jax.random.randint(key, (obs.shape[0],), 0, self.num_actions), carry, {}
 
 
-def random_policy_return(env_override: str, episodes: int = 1000, seed: int = 0) -> float:
-    """Mean return of a uniformly random policy over `episodes` gymnax episodes of `env=<name>` (the floor of
-    the normalised scores; the figures in configs/suite/*.yaml `random:` come from here)."""
-    from rl.envs.gymnax_source import make_source
+def random_policy_return(env_overrides: str | list[str], episodes: int = 1000, seed: int = 0) -> float:
+    """Mean return of a uniformly random policy over `episodes` episodes of the env that `env_overrides`
+    compose (`env=<name>` and any `env.*` keys; an Anakin source: gymnax or a JAX env library). The floor of
+    the normalised scores: the figures in configs/suite/*.yaml `random:` come from here."""
+    from rl.envs import make_source
     from rl.runners.evaluate import evaluate
 
-    source = make_source(compose([env_override]).env, episodes)
+    overrides = [env_overrides] if isinstance(env_overrides, str) else list(env_overrides)
+    source = make_source(compose(overrides).env, episodes)
     returns, _ = jax.jit(lambda k: evaluate(_Uniform(source.num_actions), None, source, k))(jax.random.PRNGKey(seed))
     return float(np.mean(returns))
 
@@ -392,6 +401,10 @@ def _pm(mean: float, std: float) -> str:
     return f"{mean:.2f} ± {std:.2f}" if not math.isnan(std) else f"{mean:.2f}"
 
 
+def _share(row: dict | None) -> str:
+    return "–" if row is None or math.isnan(row["success"]) else f"{row['success']:.2f}"
+
+
 def _git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -420,7 +433,12 @@ def write_markdown(cfg: DictConfig, s: dict, runs: list[Run], rows: list[dict], 
     lines += [("Greedy eval: mean over seeds of each seed's mean greedy return ± std over seeds. Last 10%: "
                "training episode return over the last 10% of env steps (exploring policy), mean ± std over "
                "seeds."), ""]
-    head = ["task"] + [f"{a} greedy eval" for a in agents] + [f"{a} last 10%" for a in agents] + ref_keys
+    with_success = any(r.success_above is not None for r in runs)
+    if with_success:
+        lines += [("Success: the share of greedy episodes returning more than the task's `success_above` "
+                   "(suite yaml), mean over seeds."), ""]
+    head = (["task"] + [f"{a} greedy eval" for a in agents] + [f"{a} success" for a in agents if with_success]
+            + [f"{a} last 10%" for a in agents] + ref_keys)
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task in tasks:
         cells = [task]
@@ -432,6 +450,8 @@ def write_markdown(cfg: DictConfig, s: dict, runs: list[Run], rows: list[dict], 
                 else:
                     flag = "" if r["status"] == "done" else f" ({r['status']})"
                     cells.append(_pm(r[f"{key}_mean"], r[f"{key}_std"]) + flag)
+            if key == "eval" and with_success:
+                cells += [_share(by.get((a, task))) for a in agents]
         cells += [f"{refs[task][k]:g}" if k in refs[task] else "–" for k in ref_keys]
         lines.append("| " + " | ".join(cells) + " |")
     if all("random" in r.references for r in runs):  # suites with a chance floor on every task
@@ -536,7 +556,7 @@ def publish(cfg: DictConfig, s: dict, runs: list[Run], cmd: str, results_dir: Pa
             if state_of(run) == "done" and (run.run_dir / src).exists():
                 dest.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(run.run_dir / src, dest / name)
-        copies.append(Run(run.agent, run.task, dest, run.overrides, run.references))
+        copies.append(Run(run.agent, run.task, dest, run.overrides, run.references, run.success_above))
     rows = []
     for run, copy in zip(runs, copies):
         row = result_row(run)  # status and wall time from the live run dir

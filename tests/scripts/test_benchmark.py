@@ -27,7 +27,7 @@ def bench_cfg(*overrides, extra=TINY):
     return cfg
 
 
-@pytest.mark.parametrize("suite, runs", [("minatar", 10), ("memory", 8)])
+@pytest.mark.parametrize("suite, runs", [("minatar", 10), ("memory", 8), ("minigrid_memory", 4)])
 def test_suites_plan_runs_that_compose_and_validate(suite, runs):
     s, planned = plan(bench_cfg(f"suite={suite}", extra=[]))
     assert len(planned) == runs and s["seeds"] == 3 and s["steps"] == compose(
@@ -40,6 +40,8 @@ def test_suites_plan_runs_that_compose_and_validate(suite, runs):
     if suite == "minatar":
         refs = {r.task: r.references for r in planned}
         assert refs["breakout"] == {"gymnax_ppo": 28.0, "random": 0.406} and refs["seaquest"] == {"random": 0.104}
+    if suite == "minigrid_memory":
+        assert {r.task: r.success_above for r in planned} == {"memory_s8": 0.0, "memory_s16": 0.0}
 
 
 def test_quick_mode_and_subsets():
@@ -306,11 +308,47 @@ def test_aggregate_is_the_iqm_of_normalised_seed_scores_with_a_bootstrap_interva
     assert "b" not in agg and agg["_missing"] == {"b": ["t2"]} and "a" in agg
 
 
-@pytest.mark.parametrize("task", ["breakout"])
-def test_random_floor_of_the_minatar_suite_is_what_random_policy_return_gives(task):
-    """The suite yaml's `random` figure of a task is the uniform policy's mean return (seed 0, 1000 episodes)."""
+@pytest.mark.parametrize("suite, task", [("minatar", "breakout"), ("minigrid_memory", "memory_s8")])
+def test_random_floor_of_a_suite_is_what_random_policy_return_gives(suite, task):
+    """The suite yaml's `random` figure of a task is the uniform policy's mean return (seed 0, 1000 episodes),
+    on gymnax and on a JAX env library alike."""
     from scripts.benchmark import random_policy_return
 
-    suite = compose(["suite=minatar"], config_name="benchmark").suite
-    assert random_policy_return(str(suite.tasks[task].overrides[0])) == pytest.approx(
+    suite = compose([f"suite={suite}"], config_name="benchmark").suite
+    assert random_policy_return(list(suite.tasks[task].overrides)) == pytest.approx(
         suite.tasks[task].references.random, abs=5e-4)
+
+
+def test_success_is_the_share_of_greedy_episodes_above_the_tasks_threshold(tmp_path):
+    """A task with `success_above` gets each agent's success share (per seed: the fraction of greedy episodes
+    returning more than the threshold; then the mean over seeds) in results.csv and results.md; a task
+    without one leaves it empty, and a table without any has no success column."""
+    from scripts.benchmark import Run, result_row, write_csv, write_markdown
+
+    evals = {("a", "t1"): [[0.0, 0.7, 0.9, 0.0], [0.8, 0.8, 0.0, 0.6]], ("b", "t1"): [[0.0, 0.0, 0.9, 0.0], [0.5] * 4],
+             ("a", "t2"): [[3.0, 4.0], [5.0, 6.0]]}
+    runs = []
+    for (agent, task), ev in evals.items():
+        run = Run(agent, task, tmp_path / task / agent, [], {}, 0.0 if task == "t1" else None)
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "summary.json").write_text(json.dumps({"env_steps": 10, "seeds": 2, "eval_returns": ev,
+                                                              "eval_return": float(np.mean(ev))}))
+        runs.append(run)
+    rows = [result_row(r) for r in runs]
+    expected = {k: float(np.mean([np.mean(np.asarray(e) > 0.0) for e in ev])) for k, ev in evals.items()}
+    assert expected[("a", "t1")] == 0.625 and expected[("b", "t1")] == 0.625  # (2/4 + 3/4) / 2, (1/4 + 4/4) / 2
+    for row in rows:
+        key = (row["agent"], row["task"])
+        assert row["success"] == pytest.approx(expected[key]) if key[1] == "t1" else np.isnan(row["success"])
+    write_csv(rows, tmp_path / "results.csv")
+    with (tmp_path / "results.csv").open() as f:
+        assert [r["success"] for r in csv.DictReader(f)] == ["0.625", "0.625", ""]
+    cfg = bench_cfg("suite=memory", extra=[])
+    md = write_markdown(cfg, {"steps": 10, "seeds": 2, "eval_episodes": 4}, runs, rows, tmp_path / "r.md", "cmd")
+    table = [line for line in md.read_text().splitlines() if line.startswith(("| t1 ", "| t2 "))]
+    assert "| a success | b success |" in md.read_text()
+    assert table[0].split(" | ")[3:5] == ["0.62", "0.62"] and table[1].split(" | ")[3:5] == ["–", "–"]
+    plain = [Run(r.agent, r.task, r.run_dir, [], {}) for r in runs]
+    md = write_markdown(cfg, {"steps": 10, "seeds": 2, "eval_episodes": 4}, plain,
+                        [result_row(r) for r in plain], tmp_path / "p.md", "cmd")
+    assert "success" not in md.read_text()
