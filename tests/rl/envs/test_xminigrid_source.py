@@ -21,6 +21,7 @@ COVERS = {  # read with ast by tests/test_option_coverage.py: literals only
     "env.xminigrid.id": ["test_the_source_steps_xminigrid_envs", "test_unknown_ids_and_params_are_refused"],
     "env.xminigrid.family": "test_the_yaml_family_picks_the_minatar_presets",
     "env.xminigrid.params": ["test_params_max_steps_truncates", "test_unknown_ids_and_params_are_refused"],
+    "env.xminigrid.observation": "test_one_hot_observations_encode_the_symbolic_view",
 }
 FORWARD, CLOCKWISE, ANTICLOCKWISE = 0, 1, 2  # xminigrid's first actions (then pick up, put down, toggle)
 
@@ -44,6 +45,30 @@ def test_the_source_steps_xminigrid_envs():
     assert ends == [(False, False)] * 4 + [(True, False)], ends
     np.testing.assert_allclose(steps[-1].reward, [1.0 - 0.9 * 5 / 100], rtol=1e-6)
     assert not np.array_equal(steps[-1].obs, steps[-1].next_obs)
+
+
+def test_one_hot_observations_encode_the_symbolic_view():
+    """`env.observation=one_hot`: each cell's tile id and colour one-hot, `[3, 3, 13 + 12]` bool, equal to NumPy's
+    encoding of the symbolic view of the same reset and steps; an unknown encoding is refused in one line."""
+    cfg = {"source": "xminigrid", "id": "MiniGrid-MemoryS8"}
+    symbolic, one_hot = make_source(cfg, 2), make_source({**cfg, "observation": "one_hot"}, 2)
+    assert (one_hot.obs_shape, one_hot.obs_dtype) == ((3, 3, 25), np.bool_)
+    actions = [[ANTICLOCKWISE, FORWARD], [ANTICLOCKWISE, FORWARD], [FORWARD, CLOCKWISE]]
+    first, plain = rollout(symbolic, actions, jax.random.PRNGKey(5))
+    first_coded, coded = rollout(one_hot, actions, jax.random.PRNGKey(5))
+    eye_tiles, eye_colours = np.eye(13, dtype=bool), np.eye(12, dtype=bool)
+
+    def encoded(ids):
+        ids = np.asarray(ids)
+        return np.concatenate([eye_tiles[ids[..., 0]], eye_colours[ids[..., 1]]], axis=-1)
+
+    np.testing.assert_array_equal(first_coded, encoded(first))
+    for p, c in zip(plain, coded):
+        np.testing.assert_array_equal(c.obs, encoded(p.obs))
+        np.testing.assert_array_equal(c.next_obs, encoded(p.next_obs))
+        np.testing.assert_array_equal(c.reward, p.reward)
+    with pytest.raises(ConfigError, match=r"env.observation='rgb': one of symbolic, one_hot"):
+        env_config({**cfg, "observation": "rgb"})
 
 
 def test_params_max_steps_truncates():
