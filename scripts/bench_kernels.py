@@ -41,6 +41,7 @@ from flax import struct
 
 from agents.experiment import build, validate
 from agents.setup import compose, setup
+from rl.infra import xla_cpu
 from rl.runners.guard import guard
 from rl.runners.totals import Totals
 from scripts import hlo_kernels
@@ -159,9 +160,9 @@ def train_cases(agent_name: str, seeds: int) -> list[dict]:
     state = jax.eval_shape(runner.init)[0]
     keys = jax.ShapeDtypeStruct((seeds, 2), jnp.uint32)
     bare = jax.jit(jax.vmap(lambda s, b, k: agent.train_step(s, b, k)[:2]))
-    out = []
-    for what, compiled in (("train_bare", bare.lower(state.agent, state.buffer, keys).compile()),
-                           ("train", runner.train.lower(state).compile())):
+    opts, out = xla_cpu.loop_options(), []  # as the chunk compiles them
+    for what, compiled in (("train_bare", bare.lower(state.agent, state.buffer, keys).compile(opts)),
+                           ("train", runner.train.lower(state).compile(opts))):
         out.append(_record(f"{agent_name}/{what}", "one train step of every seed (whole program)", seeds,
                            hlo_kernels.program_counts(compiled.as_text()), compiled))
     return out

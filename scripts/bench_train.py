@@ -211,7 +211,7 @@ class Halves:
     (every seed) on that buffer; returns the two wall times."""
 
     def __init__(self, runner, seeds: int, iters: int, learner_steps: int):
-        from rl.infra import sharding
+        from rl.infra import sharding, xla_cpu
 
         self.runner, self.seeds, self.learner_steps = runner, seeds, learner_steps
         agent = runner.agent
@@ -233,14 +233,15 @@ class Halves:
 
             return jax.lax.scan(body, s, None, learner_steps)
 
+        opts = xla_cpu.loop_options()  # compiled as the runner's chunk is
         with sharding.use_mesh(runner.mesh):
             state, _ = _block(runner.init())
-            self.actor_fn = jax.jit(actor, donate_argnums=0).lower(state).compile()
+            self.actor_fn = jax.jit(actor, donate_argnums=0, compiler_options=opts).lower(state).compile()
             state, _ = _block(self.actor_fn(state))
             first = jax.tree_util.tree_map(lambda x: x[0], state.buffer)
             if not bool(agent.buffer.can_sample(first)):
                 raise RuntimeError(f"the buffer cannot sample after {actor_iters} actor iterations")
-            self.learner_fn = jax.jit(learner, donate_argnums=0).lower(state).compile()
+            self.learner_fn = jax.jit(learner, donate_argnums=0, compiler_options=opts).lower(state).compile()
 
     def time(self) -> tuple[float, float]:
         from rl.infra import sharding

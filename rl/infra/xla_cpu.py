@@ -6,9 +6,23 @@
   a few fused kernels (`python -m scripts.bench_train` measures it). Process-wide: agents.setup.setup applies it
   (never an import), so every run and benchmark of a process set up so gets it; a jax without the private hooks
   used here keeps its default (a speed difference only).
+* `loop_options()`: compiler options for the runners' programs. XLA's default copy insertion copies
+  loop-carried values (parameters, env state, episode sums) that a `while` body reads after writing their new
+  values; its region-based analysis (`xla_cpu_copy_insertion_use_region_analysis`) proves most of those copies
+  unneeded. The default DQN CartPole iteration goes from 14 copies to 4 (144 kernels to 134) with bit-identical
+  results. Per program (`jax.jit(..., compiler_options=...)`), so a user's own programs keep XLA's defaults.
 """
 
 from __future__ import annotations
+
+import jax
+
+LOOP_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+
+
+def loop_options() -> dict:
+    """`LOOP_OPTIONS` where the default backend is the CPU, else none (the options are XLA:CPU's)."""
+    return dict(LOOP_OPTIONS) if jax.default_backend() == "cpu" else {}
 
 
 def unroll_threefry() -> bool:

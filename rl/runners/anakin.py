@@ -40,7 +40,7 @@ from flax import struct
 from rl.config import TrainConfig
 from rl.envs import make_source
 from rl.envs.episodes import EpisodeStats
-from rl.infra import sharding
+from rl.infra import sharding, xla_cpu
 from rl.learning import pbt as pbt_lib
 from rl.learning.agent import reset_carry
 from rl.learning.population import Population
@@ -148,7 +148,8 @@ class Anakin:
     @functools.cached_property
     def chunk(self):
         """The jitted `_chunk` (state and totals donated)."""
-        return jax.jit(self._chunk, donate_argnums=(0, 2), out_shardings=self.placement)
+        return jax.jit(self._chunk, donate_argnums=(0, 2), out_shardings=self.placement,
+                       compiler_options=xla_cpu.loop_options())
 
     # --- compiled loop ------------------------------------------------------------------------------
     def _env_step(self, s: RunnerState, _):

@@ -15,10 +15,13 @@ Saved runs of either source are evaluated by `agents.experiment.evaluate_run` (`
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl.infra import xla_cpu
 from rl.learning.agent import reset_carry
 
 
@@ -63,7 +66,7 @@ def seeds_evaluator(agent, source, members: int = 1):
     recompiling (the evaluations during training). `members`: the rows are members x seeds (a population,
     member-major), and every member's seed j gets the key of seed j."""
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=xla_cpu.loop_options())
     def fn(agent_states, key):
         num_seeds = jax.tree_util.tree_leaves(agent_states)[0].shape[0] // members
         keys = jnp.concatenate([jax.random.split(key, num_seeds)] * members)

@@ -35,6 +35,7 @@ from flax import struct
 from rl.envs.envpool_source import EnvpoolSource, Recv
 from rl.envs.envpool_tracking import init_tracker, track
 from rl.envs.episodes import Episodes
+from rl.infra import xla_cpu
 
 
 @struct.dataclass
@@ -66,12 +67,12 @@ class Rollout:
         self.env_offset = int(env_offset)  # global id of this source's env 0 (several actor threads)
         self.batch = source.batch_size
         self._keys = jax.jit(self._chunk_keys)
-        self._act = jax.jit(self.act_step, donate_argnums=0)
+        self._act = jax.jit(self.act_step, donate_argnums=0, compiler_options=xla_cpu.loop_options())
         self._stack = jax.jit(lambda rows: jax.tree_util.tree_map(lambda *x: jnp.stack(x), *rows))
         self._handle = None
         if use_xla:
             self._handle, self._recv, self._send = source.xla()
-            self._scan = jax.jit(self._scan_fn, donate_argnums=1)
+            self._scan = jax.jit(self._scan_fn, donate_argnums=1, compiler_options=xla_cpu.loop_options())
 
     def _chunk_keys(self, key, index):
         return jax.random.split(jax.random.fold_in(key, index), self.k)

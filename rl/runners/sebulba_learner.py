@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rl.infra import xla_cpu
 from rl.learning.replay_ratio import ReplayRatio
 from rl.runners import guard
 from rl.runners.sebulba_actor import Chunk
@@ -32,7 +33,7 @@ class Learner:
         # function's trace by input types).
         self.train_step = jax.jit(guard.guard(agent.train_step, on_nonfinite))
         self.ratio = ReplayRatio.of(agent, num_envs)
-        self.update = jax.jit(self._update, donate_argnums=(0, 1, 2, 3))
+        self.update = jax.jit(self._update, donate_argnums=(0, 1, 2, 3), compiler_options=xla_cpu.loop_options())
         self.step_s: float | None = None  # measured seconds per train step (None: not yet)
 
     def zero_totals(self, agent_state, buffer_state) -> Totals:
