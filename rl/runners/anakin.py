@@ -147,9 +147,8 @@ class Anakin:
 
     @functools.cached_property
     def chunk(self):
-        """The jitted `_chunk` (state and totals donated)."""
-        return jax.jit(self._chunk, donate_argnums=(0, 2), out_shardings=self.placement,
-                       compiler_options=xla_cpu.loop_options())
+        """The jitted `_chunk` (state and totals donated; XLA:CPU's loop options)."""
+        return jax.jit(self._chunk, donate_argnums=(0, 2), out_shardings=self.placement, compiler_options=xla_cpu.loop_options())
 
     # --- compiled loop ------------------------------------------------------------------------------
     def _env_step(self, s: RunnerState, _):
