@@ -7,7 +7,8 @@ The registry of sources, one contract for every kind: `env.source=<name>` names 
 * `EnvConfig`, the dataclass of its `env:` section (`env_config(section)` types a section with it);
 * `make_source(env_cfg, num_envs, seed=0, envs_per_recv=None)`, the source: `num_envs`, `num_actions`,
   `obs_shape`, `obs_dtype` and the stepping surface of its runner (gymnax: pure
-  `reset`/`step` for Anakin; envpool: `recv`/`send` and an XLA handle for Sebulba);
+  `reset`/`step` for Anakin, `step(env_state, action, key, restart=True)`, where `restart=False` allows it to
+  skip the auto-reset; envpool: `recv`/`send` and an XLA handle for Sebulba);
 * `RUNNER`, the runner that steps it (`anakin` or `sebulba`; `runner_of(env_cfg)`).
 Every `EnvConfig` also has `family` (rl.config.ENV_FAMILIES: vector | minatar | atari, or None), the size of
 agent presets the env takes (configs/env/*.yaml declare it; rl.presets.register_agent reads it there);

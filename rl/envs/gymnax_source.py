@@ -87,7 +87,9 @@ class GymnaxSource:
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
         return state, obs
 
-    def step(self, env_state, action: jax.Array, key: jax.Array):
+    def step(self, env_state, action: jax.Array, key: jax.Array, restart: bool = True):
+        """gymnax's step always auto-resets (its resets are cheap); `restart=False` (the caller reads no env
+        after its episode ends) changes nothing."""
         keys = jax.random.split(key, self.num_envs)
         obs, env_state, reward, terminated, truncated, info = jax.vmap(
             self.env.step, in_axes=(0, 0, 0, None)

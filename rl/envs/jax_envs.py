@@ -11,7 +11,7 @@ surface of `rl.envs.gymnax_source.GymnaxSource`: `reset`/`step` vmapped over `E 
 (usable inside jit / scan / vmap over seeds):
 
     reset(key) -> (env_state, obs [E, *obs_shape])
-    step(env_state, action [E], key) -> (env_state, Timestep)
+    step(env_state, action [E], key, restart=True) -> (env_state, Timestep)
 
 Where an episode ends (`terminated | truncated`) the env restarts from a fresh `reset` drawn from the step's
 key: `Timestep.obs` is the new episode's first observation and `Timestep.next_obs` the observation the action
@@ -19,7 +19,9 @@ led to, so a truncated step bootstraps from it and only `terminated` stops boots
 draws its own reset at every step (the where-selected one is used). `JaxEnvSource(single, E, resets=n)` with
 n < E draws only n fresh resets per step, shared by the envs that end: the j-th env to end (in env order) takes
 fresh reset `j mod n`, so envs share a start only when more than n end at once (Craftax's optimistic reset,
-for libraries whose reset costs more than a step: Craftax generates a world). Termination and
+for libraries whose reset costs more than a step: Craftax generates a world). `restart=False` skips the
+auto-reset, for a caller that reads no env after its episode ends (greedy evaluation: on Craftax-Classic 3.5x
+faster, no world generated per env per step). Termination and
 truncation stay apart (each adapter reads them from its library), observations keep the library's dtype
 (uint8 grids and pixels stay uint8), rewards are float32. Episode returns and lengths are the runner's
 (`rl.envs.episodes.EpisodeStats`).
@@ -100,11 +102,22 @@ class JaxEnvSource:
                       terminated=terminated, truncated=truncated & ~terminated, next_obs=next_obs)
         return state, ts
 
-    def step(self, env_state, action: jax.Array, key: jax.Array):
+    def step(self, env_state, action: jax.Array, key: jax.Array, restart: bool = True):
+        """`restart=False`: no auto-reset (for a caller that reads no env after its episode ends, as greedy
+        evaluation does: an ended env keeps stepping from its last state, `Timestep.obs` is `next_obs`); the
+        steps up to each env's end are those of `restart=True` without shared resets (the same keys)."""
+        if not restart:
+            return self._step_without_reset(env_state, action, key)
         if self.resets is not None:
             return self._step_shared_resets(env_state, action, key)
         keys = jax.random.split(key, self.num_envs)
         state, ts = jax.vmap(self._step_one)(keys, env_state, action.astype(jnp.int32))
+        return _strong(state), ts
+
+    def _step_without_reset(self, env_state, action: jax.Array, key: jax.Array):
+        k_steps = jax.vmap(lambda k: jax.random.split(k)[0])(jax.random.split(key, self.num_envs))
+        stepped = jax.vmap(self.env.step)(k_steps, env_state, action.astype(jnp.int32))
+        state, ts = self._restarted(stepped, stepped[0], stepped[1])  # the "fresh" state: each env's own
         return _strong(state), ts
 
     def _step_shared_resets(self, env_state, action: jax.Array, key: jax.Array):

@@ -4,7 +4,8 @@ source; an env's return stops counting at the end of its first episode; an episo
 step cap is NaN (recv sources) or counted up to the cap (jitted sources, which stop when all are over).
 
 * `evaluate(agent, agent_state, source, key)`: a source with pure `reset`/`step` (gymnax), K =
-  `source.num_envs` episodes in parallel inside jit; returns returns `[K]` and lengths `[K]`.
+  `source.num_envs` episodes in parallel inside jit, stepped with `restart=False` (no auto-reset needed);
+  returns returns `[K]` and lengths `[K]`.
   `seeds_evaluator(agent, source)`: vmapped over seeds, jitted once (the Anakin runner's).
 * `evaluate_recvs(agent, agent_state, source, key)`: a source with `recv`/`send` (envpool in sync mode, K =
   `source.num_envs` = its batch), stepped from the host with a jitted act; returns scores `[K]` (Atari: the
@@ -46,7 +47,7 @@ def evaluate(agent, agent_state, source, key: jax.Array, max_steps: int | None =
         t, env_state, obs, carry, key, returns, lengths, done = c
         key, k_act, k_env = jax.random.split(key, 3)
         action, carry, _ = agent.act(agent_state, obs, carry, k_act, env_ids, explore=False)
-        env_state, ts = source.step(env_state, action, k_env)
+        env_state, ts = source.step(env_state, action, k_env, restart=False)  # nothing is read after an end
         live = ~done
         returns = returns + jnp.where(live, ts.reward, 0.0)
         lengths = lengths + live.astype(jnp.int32)

@@ -94,6 +94,41 @@ def test_shared_resets_go_to_the_envs_that_end_in_env_order():
     assert int(np.sum(actions[1] == 2)) == 3 and fresh[0] != fresh[1]  # the shared start was tested
 
 
+def test_a_step_without_restart_draws_no_reset_and_equals_the_restarting_step_up_to_each_end():
+    """`restart=False` (greedy evaluation's step): the traced step holds no reset; every env's Timestep equals
+    the restarting step's up to and including its episode's end (same keys), and after it the env goes on
+    from its last state (obs == next_obs, the counter keeps counting). Greedy evaluation traces the reset
+    only for its first observations."""
+    from rl.runners.evaluate import evaluate
+    from scripts.benchmark import _Uniform
+
+    traced = []
+    counter = _counter()
+    env = SingleEnv(name="Counter", num_actions=3, reset=lambda k: traced.append(1) or counter.reset(k),
+                    step=counter.step, max_episode_steps=LIMIT)
+    source, actions = JaxEnvSource(env, 3), jnp.asarray([[2, 0, 1], [0, 2, 1], [1, 1, 1]])
+    state, _ = source.reset(jax.random.PRNGKey(0))
+    traced.clear()
+    jax.make_jaxpr(lambda s, a, k: source.step(s, a, k, restart=False))(state, actions[0], jax.random.PRNGKey(1))
+    assert traced == []
+    restarting = plain = state
+    ended = np.zeros(3, bool)
+    for i, a in enumerate(actions):
+        key = jax.random.PRNGKey(10 + i)
+        restarting, ts_r = source.step(restarting, a, key)
+        plain, ts = source.step(plain, a, key, restart=False)
+        live = ~ended
+        for field in ("next_obs", "reward", "terminated", "truncated"):
+            np.testing.assert_array_equal(np.asarray(getattr(ts, field))[live], np.asarray(getattr(ts_r, field))[live])
+        np.testing.assert_array_equal(ts.obs, ts.next_obs)
+        np.testing.assert_array_equal(plain[0], i + 1)
+        ended |= np.asarray(ts_r.terminated | ts_r.truncated)
+    assert ended[:2].all() and not ended[2]  # env 0 ended at step 1, env 1 at step 2, env 2 goes on
+    traced.clear()
+    jax.make_jaxpr(lambda k: evaluate(_Uniform(3), None, source, k))(jax.random.PRNGKey(2))
+    assert traced == [1]
+
+
 def test_resets_per_step_are_one_to_num_envs():
     assert JaxEnvSource(_counter(), 3, resets=3).resets is None  # one per env: the default path
     for bad in (0, 4):

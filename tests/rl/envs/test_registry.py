@@ -44,7 +44,7 @@ class ToySource:
         t = jnp.zeros(self.num_envs, jnp.int32)
         return t, self._obs(t)
 
-    def step(self, t, action, key):
+    def step(self, t, action, key, restart=True):
         t1 = t + 1
         done = t1 >= self.length
         nxt = jnp.where(done, 0, t1)

@@ -137,7 +137,7 @@ class TableSource:
     def reset(self, key):
         return {"t": jnp.zeros((), jnp.int32), "offset": jax.random.uniform(key)}, self._obs(0)
 
-    def step(self, state, action, key):
+    def step(self, state, action, key, restart=True):
         t, end = state["t"], self.ends[state["t"]]
         obs = self._obs(t + 1)
         ts = Timestep(obs=obs, reward=self.rewards[t] + state["offset"], terminated=end == 1, truncated=end == 2,
@@ -159,7 +159,7 @@ class CorridorSource:
         t = jnp.zeros(self.num_envs, jnp.int32)
         return t, t[:, None].astype(jnp.float32)
 
-    def step(self, t, action, key):
+    def step(self, t, action, key, restart=True):
         t = t + 1
         end = t >= self.lengths
         next_obs = t[:, None].astype(jnp.float32)
@@ -392,7 +392,7 @@ def test_greedy_evaluation_stops_counting_at_each_episode_end():
     np.testing.assert_array_equal(np.asarray(lengths), [2, 3, 4, 5])
 
     class DoubleRewards(CorridorSource):  # returns twice the lengths: each output tells which it is
-        def step(self, t, action, key):
+        def step(self, t, action, key, restart=True):
             t, ts = super().step(t, action, key)
             return t, ts.replace(reward=2 * ts.reward)
 
