@@ -17,8 +17,8 @@ Losses on the online network: clipped-importance-weight policy gradient with the
 3), KL(pi_cmpo || pi) at the root (weight 1), and the model loss over a K=5 step unroll from every sampled
 state: KL(pi_cmpo(s_{t+k}) || pi^k), value cross-entropy towards V_{t+k} (weight 0.25) and reward
 cross-entropy towards r_{t+k-1} (weight 1), both categorical over an h(x)-rescaled two-hot support.
-Exploration floor (both off by default): `prior_uniform_mix` mixes a uniform policy into CMPO's prior,
-`entropy_weight` subtracts the root policy's entropy from the loss.
+Exploration floor (off by default): `prior_uniform_mix` mixes a uniform policy into CMPO's prior, `entropy_weight`
+subtracts the root policy's entropy from the loss (linear to `entropy_end_fraction` of it over the run).
 Unroll steps past an episode end (or past the stored data) are masked; the value after a terminal step
 is trained towards 0.
 
@@ -66,10 +66,10 @@ from rl.learning.targets import taken
 
 POPULATION_KEYS = ("optim.lr", "discount", "retrace_lambda", "target_update_rate", "adv_var_decay", "cmpo_clip",
                    "pg_weight", "cmpo_weight", "model_policy_weight", "value_weight", "reward_weight",
-                   "dynamics_grad_scale", "entropy_weight", "prior_uniform_mix")
+                   "dynamics_grad_scale", "entropy_weight", "entropy_end_fraction", "prior_uniform_mix")
 POPULATION_BOUNDS = {"adv_var_decay": (0.0, 0.9999),  # PBT keeps them in (the config's ranges)
                      **{k: (0.0, 1.0) for k in ("discount", "retrace_lambda", "target_update_rate",
-                                                "dynamics_grad_scale", "prior_uniform_mix")}}
+                                                "dynamics_grad_scale", "prior_uniform_mix", "entropy_end_fraction")}}
 
 @dataclasses.dataclass
 class Config:
@@ -105,9 +105,11 @@ class Config:
     reward_weight: float = 1.0
     dynamics_grad_scale: float = 0.5  # gradient scale entering each model step (as in MuZero)
     # Exploration floor. prior_uniform_mix: the share of a uniform policy in CMPO's prior (its targets keep every
-    # action at >= mix / A before the advantage reweighting); entropy_weight: a bonus on the root policy's entropy.
+    # action at >= mix / A before the advantage reweighting); entropy_weight: a bonus on the root policy's entropy,
+    # linear over the run's train steps to entropy_weight * entropy_end_fraction (1: constant).
     prior_uniform_mix: float = 0.0
     entropy_weight: float = 0.0
+    entropy_end_fraction: float = 1.0
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=3e-4, max_grad_norm=10.0))
 
     def __post_init__(self):
@@ -133,6 +135,8 @@ class Config:
         check(0.0 <= self.prior_uniform_mix < 1.0, f"prior_uniform_mix must be in [0, 1), got "
                                                    f"{self.prior_uniform_mix}")
         check(self.entropy_weight >= 0.0, f"entropy_weight must be >= 0, got {self.entropy_weight}")
+        check(0.0 <= self.entropy_end_fraction <= 1.0, f"entropy_end_fraction must be in [0, 1], got "
+                                                       f"{self.entropy_end_fraction}")
         check(0.0 <= self.dynamics_grad_scale <= 1.0, f"dynamics_grad_scale must be in [0, 1], got "
                                                      f"{self.dynamics_grad_scale}")
 
@@ -164,6 +168,9 @@ class Muesli(StepFormat):
         self.support = CategoricalSupport(cfg.num_atoms, cfg.support_min, cfg.support_max)
         self.run_updates = ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None
         self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
+        if cfg.entropy_end_fraction != 1.0 and not self.run_updates:
+            raise ValueError("agent.entropy_end_fraction decays the entropy bonus over the run, which only a run "
+                             "knows: build the agent with total_steps (agents.experiment.build does)")
         capacity_per_env = max(cfg.buffer_size // self.num_envs, cfg.sequence_length + 1)
         self.online_batch = round(cfg.batch_size * (1.0 - cfg.replay_fraction))
         self.buffer = make_sequence_buffer(
@@ -216,11 +223,12 @@ class Muesli(StepFormat):
     def update(self, state: MuesliState, batch: dict, valid: jax.Array, hparams: dict | None = None):
         """One learner update on sequences `batch` `[B, L, ...]` with validity `valid` `[B, L]`."""
         hp = self.hyperparams(hparams)
+        progress = jnp.minimum(state.updates / self.run_updates, 1.0) if self.run_updates else 0.0
+        hp = {**hp, "entropy_weight": hp["entropy_weight"] * (1.0 - (1.0 - hp["entropy_end_fraction"]) * progress)}
         targets, adv_ema, target_metrics = self.targets(state, batch, valid, hp)
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid, hp)
-        optimizer = self.optimizer if "optim.lr" not in (hparams or {}) else make_optimizer(self.cfg.optim,
-                                                                                             hp["optim.lr"],
-                                                                                             self.run_updates)
+        optimizer = (self.optimizer if "optim.lr" not in (hparams or {})
+                     else make_optimizer(self.cfg.optim, hp["optim.lr"], self.run_updates))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         updates = state.updates + 1
@@ -257,9 +265,8 @@ class Muesli(StepFormat):
         cfg, hp = self.cfg, hp or self.hyperparams()
         # v is E_prior q of the same look-ahead, so that q and v are consistent: [B, L], then [B, L, A] x 3
         v, q, prior_logits, model_reward = self.baseline(state.target_params, batch["obs"], hp["discount"])
-        action = batch["action"]
-        log_prior_taken = taken(jax.nn.log_softmax(prior_logits), action)
-        q_taken = taken(q, action)
+        log_prior_taken = taken(jax.nn.log_softmax(prior_logits), batch["action"])
+        q_taken = taken(q, batch["action"])
         c = retrace_coefficients(log_prior_taken, batch["behaviour_logp"], hp["retrace_lambda"])
         retrace = jax.vmap(lambda *a: retrace_targets(*a, discount=hp["discount"]))(
             q_taken, v, batch["reward"], batch["terminated"], batch["truncated"], valid, c)
@@ -299,18 +306,15 @@ class Muesli(StepFormat):
         """The Muesli loss on sequences `[B, L]`; returns (loss, metrics). `hp`: `hyperparams(...)` (default
         the config's)."""
         cfg, hp = self.cfg, hp or self.hyperparams()
-        K = cfg.unroll_steps
-        L = valid.shape[1]
-        idx = unroll_indices(L, K)  # [L, K+1]
-        action = batch["action"]
+        idx = unroll_indices(valid.shape[1], cfg.unroll_steps)  # [L, K+1]
         states = self._apply(params, MuesliNetwork.represent, batch["obs"])
-        policy_logits, value_logits, reward_logits = self.unroll(params, states, action[:, idx[:, :-1]],
+        policy_logits, value_logits, reward_logits = self.unroll(params, states, batch["action"][:, idx[:, :-1]],
                                                                  hp["dynamics_grad_scale"])
         log_pi = jax.nn.log_softmax(policy_logits, axis=-1)  # [B, L, K+1, A]
-        same, prev_same, absorbing = unroll_masks(valid, batch["terminated"], batch["truncated"], K)
+        same, prev_same, absorbing = unroll_masks(valid, batch["terminated"], batch["truncated"], cfg.unroll_steps)
 
         # Policy gradient at the root, clipped importance weight pi/mu, Retrace advantage.
-        log_pi_taken = taken(log_pi[:, :, 0], action)
+        log_pi_taken = taken(log_pi[:, :, 0], batch["action"])
         rho = jax.lax.stop_gradient(jnp.minimum(1.0, jnp.exp(log_pi_taken - batch["behaviour_logp"])))
         pg_loss = masked_mean(-rho * targets.pg_advantage * log_pi_taken, targets.retrace.mask)
 

@@ -55,6 +55,7 @@ COVERS = {
                                   "test_network_sizes_follow_the_config"],
     "agent.muesli.dynamics_grad_scale": "test_loss_and_gradient_follow_the_loss_options",
     "agent.muesli.entropy_weight": "test_loss_and_gradient_follow_the_loss_options",
+    "agent.muesli.entropy_end_fraction": "test_the_entropy_bonus_decays_linearly_to_its_end_fraction_over_the_run",
     "agent.muesli.prior_uniform_mix": "test_targets_follow_the_target_options",
     "agent.muesli.target_update_rate": "test_target_network_moves_by_target_update_rate",
     "agent.muesli.replay_fraction": "test_train_step_takes_replay_fraction_of_the_batch_from_replay",
@@ -172,6 +173,24 @@ def test_loss_and_gradient_follow_the_loss_options(problem, loss_grads):
     np.testing.assert_allclose(float(metrics["loss"]), float(value), rtol=1e-6)
     g, r = flat(grads), flat(ref_grads)
     assert np.linalg.norm(g - r) <= 2e-3 * np.linalg.norm(r)
+
+
+def test_the_entropy_bonus_decays_linearly_to_its_end_fraction_over_the_run(problem):
+    """entropy_end_fraction 0.25 over a run of T train steps: the update after u steps is the update of a constant
+    bonus 0.6 * (1 - 0.75 * min(u / T, 1)); without the run's length the option is refused in one line."""
+    agent, state, batch, valid, *_ = problem
+    jbatch, jvalid = jax.tree.map(jnp.asarray, batch), jnp.asarray(valid)
+    decaying = make_agent({**OPT, "entropy_end_fraction": 0.25}, obs_shape=(3,), obs_dtype=jnp.float32,
+                          num_actions=A, num_envs=E, total_steps=40_000)
+    T = decaying.run_updates
+    for u in (0, T // 2, 2 * T):
+        at_u = state.replace(updates=jnp.asarray(u, jnp.int32))
+        constant = with_cfg(agent, entropy_weight=0.6 * (1 - 0.75 * min(u / T, 1)))
+        got, want = (jax.jit(a.update)(at_u, jbatch, jvalid)[0].params for a in (decaying, constant))
+        np.testing.assert_allclose(flat(got), flat(want), rtol=1e-5, atol=1e-7, err_msg=str(u))
+    assert np.abs(flat(got) - flat(jax.jit(agent.update)(at_u, jbatch, jvalid)[0].params)).max() > 1e-6
+    with pytest.raises(ValueError, match="agent.entropy_end_fraction decays the entropy bonus over the run"):
+        opt_agent(entropy_end_fraction=0.5)
 
 
 def test_target_network_moves_by_target_update_rate(problem):

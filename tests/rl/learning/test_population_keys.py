@@ -25,6 +25,7 @@ from tests.conftest import TINY_DQN
 from tests.rl.learning.test_population_agents import TINY
 
 NUM_ENVS, ROWS_T, OBS = 4, 24, (4,)
+TOTAL_STEPS = 1000  # the run's length: Muesli's entropy bonus decays over its train steps
 # Per agent, a value of each population key away from the tiny config's (DQN: n_step=3 so the discount
 # enters the n-step reward sums, not only the bootstrap discount).
 VALUES = {
@@ -35,13 +36,13 @@ VALUES = {
     "muesli": {"optim.lr": 3e-3, "discount": 0.95, "retrace_lambda": 0.8, "target_update_rate": 0.2,
                "adv_var_decay": 0.9, "cmpo_clip": 1e-4, "pg_weight": 2.0, "cmpo_weight": 0.5,
                "model_policy_weight": 0.7, "value_weight": 0.5, "reward_weight": 0.8, "dynamics_grad_scale": 0.3,
-               "entropy_weight": 0.1, "prior_uniform_mix": 0.2},
+               "entropy_weight": 0.1, "entropy_end_fraction": 0.5, "prior_uniform_mix": 0.2},
 }
 OVERRIDES = {
     "dqn": [*TINY_DQN, "agent.n_step=3", "agent.loss=huber", "agent.priority_exponent=0.6", "agent.tau=1.0",
             "agent.target_update_period=1", "agent.learning_starts=16"],
     "r2d2": TINY["r2d2"],
-    "muesli": TINY["muesli"],
+    "muesli": [*TINY["muesli"], "agent.entropy_weight=0.05"],  # a bonus for entropy_end_fraction alone to decay
 }
 def test_the_cases_cover_every_population_key():
     assert {a: set(v) for a, v in VALUES.items()} == {a: set(population_keys(a)) for a in VALUES}
@@ -65,7 +66,8 @@ def _agent(name: str, values: dict | None = None):
     cfg = _config(name)
     for key, value in (values or {}).items():
         cfg = _with(cfg, key, value)
-    return make_agent(cfg, obs_shape=OBS, obs_dtype=jnp.float32, num_actions=2, num_envs=NUM_ENVS)
+    return make_agent(cfg, obs_shape=OBS, obs_dtype=jnp.float32, num_actions=2, num_envs=NUM_ENVS,
+                      total_steps=TOTAL_STEPS)
 
 
 def _jittered(params, seed: int):
