@@ -39,7 +39,7 @@ EVERY_KEY = {
     "muesli": {"discount": 0.95, "retrace_lambda": 0.8, "target_update_rate": 0.2, "adv_var_decay": 0.9,
                "cmpo_clip": 0.5, "pg_weight": 2.0, "cmpo_weight": 0.5, "model_policy_weight": 0.7,
                "value_weight": 0.5, "reward_weight": 0.8, "dynamics_grad_scale": 0.3, "entropy_weight": 0.02,
-               "prior_uniform_mix": 0.05},
+               "entropy_end_fraction": 0.5, "prior_uniform_mix": 0.05},
 }
 
 
