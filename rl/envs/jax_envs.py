@@ -38,6 +38,7 @@ A `SingleEnv` may carry `render(state) -> [H, W, 3]` uint8, its library's drawin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -82,42 +83,39 @@ class JaxEnvSource:
         state, obs = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
         return _strong(state), obs
 
-    def _step_one(self, key: jax.Array, state, action: jax.Array):
+    def _step_one(self, key: jax.Array, state, action: jax.Array, restart: bool = True):
         k_step, k_reset = jax.random.split(key)
-        return self._restarted(self.env.step(k_step, state, action), *self.env.reset(k_reset))
+        fresh = self.env.reset(k_reset) if restart else None
+        return self._restarted(self.env.step(k_step, state, action), fresh)
 
-    def _restarted(self, stepped, fresh_state, fresh_obs):
+    def _restarted(self, stepped, fresh):
         """`(state, Timestep)` of a step's outputs `stepped` = (state, next_obs, reward, terminated, truncated)
-        with the state and obs of `fresh_state`/`fresh_obs` (same leading dims) where the episode ended."""
+        with the state and obs of `fresh` = (state, obs) (same leading dims) where the episode ended; `fresh`
+        None: no restart (the step's own state, `obs` = `next_obs`)."""
         state, next_obs, reward, terminated, truncated = stepped
-        next_obs = next_obs.astype(self.obs_dtype)
+        next_obs = obs = next_obs.astype(self.obs_dtype)
         terminated, truncated = jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)
-        done = terminated | truncated
+        if fresh is not None:
+            done = terminated | truncated
 
-        def pick(fresh, current):
-            return jnp.where(done.reshape(done.shape + (1,) * (current.ndim - done.ndim)), fresh, current)
+            def pick(new, current):
+                return jnp.where(done.reshape(done.shape + (1,) * (current.ndim - done.ndim)), new, current)
 
-        state = jax.tree_util.tree_map(pick, fresh_state, state)
-        ts = Timestep(obs=pick(fresh_obs.astype(self.obs_dtype), next_obs), reward=jnp.asarray(reward, jnp.float32),
-                      terminated=terminated, truncated=truncated & ~terminated, next_obs=next_obs)
+            state = jax.tree_util.tree_map(pick, fresh[0], state)
+            obs = pick(fresh[1].astype(self.obs_dtype), next_obs)
+        ts = Timestep(obs=obs, reward=jnp.asarray(reward, jnp.float32), terminated=terminated,
+                      truncated=truncated & ~terminated, next_obs=next_obs)
         return state, ts
 
     def step(self, env_state, action: jax.Array, key: jax.Array, restart: bool = True):
         """`restart=False`: no auto-reset (for a caller that reads no env after its episode ends, as greedy
         evaluation does: an ended env keeps stepping from its last state, `Timestep.obs` is `next_obs`); the
         steps up to each env's end are those of `restart=True` without shared resets (the same keys)."""
-        if not restart:
-            return self._step_without_reset(env_state, action, key)
-        if self.resets is not None:
+        if restart and self.resets is not None:
             return self._step_shared_resets(env_state, action, key)
         keys = jax.random.split(key, self.num_envs)
-        state, ts = jax.vmap(self._step_one)(keys, env_state, action.astype(jnp.int32))
-        return _strong(state), ts
-
-    def _step_without_reset(self, env_state, action: jax.Array, key: jax.Array):
-        k_steps = jax.vmap(lambda k: jax.random.split(k)[0])(jax.random.split(key, self.num_envs))
-        stepped = jax.vmap(self.env.step)(k_steps, env_state, action.astype(jnp.int32))
-        state, ts = self._restarted(stepped, stepped[0], stepped[1])  # the "fresh" state: each env's own
+        step_one = functools.partial(self._step_one, restart=restart)
+        state, ts = jax.vmap(step_one)(keys, env_state, action.astype(jnp.int32))
         return _strong(state), ts
 
     def _step_shared_resets(self, env_state, action: jax.Array, key: jax.Array):
@@ -129,7 +127,8 @@ class JaxEnvSource:
         done = jnp.asarray(stepped[3], bool) | jnp.asarray(stepped[4], bool)
         fresh_state, fresh_obs = jax.vmap(self.env.reset)(jax.random.split(k_reset, self.resets))
         slot = (jnp.cumsum(done) - 1) % self.resets  # [E]: the j-th env to end takes fresh reset j mod n
-        state, ts = self._restarted(stepped, jax.tree_util.tree_map(lambda x: x[slot], fresh_state), fresh_obs[slot])
+        fresh = (jax.tree_util.tree_map(lambda x: x[slot], fresh_state), fresh_obs[slot])
+        state, ts = self._restarted(stepped, fresh)
         return _strong(state), ts
 
 
