@@ -219,12 +219,12 @@ class Anakin:
         return functools.partial(Totals.zeros, self.num_seeds, tuple(metrics), tuple(bad))
 
     @functools.cached_property
-    def _placed_zeros(self):
-        return jax.jit(self._totals_zeros, out_shardings=self.placement[2])
+    def _placed_totals(self):  # `(Totals or None: fresh zeros) -> Totals` placed as `chunk` returns them
+        return jax.jit(lambda t: self._totals_zeros() if t is None else t, out_shardings=self.placement[2])
 
     def zero_totals(self, s: RunnerState) -> Totals:
         """Fresh `Totals` for the train metrics of this agent, placed as `chunk` returns them."""
-        return self._placed_zeros()
+        return self._placed_totals(None)
 
     def _chunk(self, s: RunnerState, it: jax.Array, totals: Totals, num_iters: jax.Array):
         """`num_iters` (traced: one compiled program for every length) iterations; returns the state, the
@@ -306,11 +306,11 @@ class Anakin:
 
     def advance(self, state, env_steps: int, until: int, totals: Totals | None = None):
         """Whole iterations up to `until` env steps (at least one) in one compiled call (with PBT, one per event
-        reached, whose lineage goes to `lineage`); returns the state, the env steps reached and `totals` (None:
-        fresh ones; donated) with the call's steps added."""
+        reached, its lineage to `lineage`); returns the state, the env steps reached and `totals` (None: fresh
+        ones; donated; restored sums placed like the rest, else `chunk` compiles again) with the steps added."""
         s, it = state
         n = max((until - env_steps) // self.steps_per_iter, 1)
-        totals = self.zero_totals(s) if totals is None else totals
+        totals = self._placed_totals(totals)
         if self.pbt is None:
             s, it, totals = self.chunk(s, it, totals, np.int32(n))
             return (s, it), env_steps + n * self.steps_per_iter, totals

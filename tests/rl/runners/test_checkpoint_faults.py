@@ -21,7 +21,7 @@ from agents.setup import compose
 from rl.config import ConfigError
 from rl.infra import checkpoint
 from rl.runners import loop
-from tests.conftest import TINY_DQN
+from tests.conftest import TINY_DQN, compiles_of
 
 COVERS = {"train.checkpoint.every_minutes": ["test_checkpoints_by_wall_time_land_inside_log_intervals_and_resume",
                                              "test_every_minutes_zero_writes_none_by_time"],
@@ -94,7 +94,9 @@ def test_a_crash_after_a_checkpoint_by_wall_time_resumes_bit_for_bit(tmp_path, f
     meta = checkpoint.read_meta(crashed)
     assert meta["env_steps"] == 156 and meta["partial_interval"]["start"] == 120
     monkeypatch.setattr(Anakin, "advance", advance)
-    resumed = run(compose(overrides), crashed)  # a run dir with a checkpoint and no summary: resumed
+    with compiles_of("_chunk") as compiles:  # the saved sums go in placed as the loop returns them: one program
+        resumed = run(compose(overrides), crashed)  # a run dir with a checkpoint and no summary: resumed
+    assert len(compiles) == 1, compiles
     straight = run(compose(overrides), tmp_path / "straight")
     for x, y in zip(_leaves(straight["state"]), _leaves(resumed["state"]), strict=True):
         np.testing.assert_array_equal(x, y)
