@@ -24,7 +24,7 @@ def _agent(num_envs=2, num_actions=2, **over):
 def _filled(agent, steps=20, seed=0, num_envs=2):
     """A buffer with `steps` random steps per env (some terminated, some truncated)."""
     rng = np.random.default_rng(seed)
-    state = agent.buffer.init(agent.step_prototype(jnp.zeros(3)))
+    state = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(3)))
     ids = jnp.arange(num_envs)
     add = jax.jit(agent.buffer.add)
     for _ in range(steps):
@@ -41,8 +41,9 @@ def _filled(agent, steps=20, seed=0, num_envs=2):
 def test_update_matches_numpy_reference():
     """One gradient step of double DQN with n-step targets equals a hand-written NumPy computation."""
     agent = _agent(loss="mse", double_q=True, target_update_period=1000)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
-    state = state.replace(target_params=jax.tree_util.tree_map(lambda p: p * 0.5 + 0.1, state.params))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = state.replace(target_params=jax.jit(lambda ps: jax.tree_util.tree_map(lambda p: p * 0.5 + 0.1, ps))(
+        state.params))
     buf = _filled(agent)
     key = jax.random.PRNGKey(7)
     new_state, _, metrics = jax.jit(agent.train_step)(state, buf, key)
@@ -61,7 +62,7 @@ def test_update_matches_numpy_reference():
     np.testing.assert_allclose(metrics["loss"], np.mean(0.5 * td**2), rtol=1e-4)
     np.testing.assert_allclose(metrics["abs_td"], np.mean(np.abs(td)), rtol=1e-4)
     # Adam's first step moves every parameter with a non-zero gradient by lr * sign(grad).
-    step = jax.tree_util.tree_map(lambda x, y: np.abs(np.asarray(x - y)), new_state.params, state.params)
+    step = jax.tree_util.tree_map(lambda x, y: np.abs(np.asarray(x) - np.asarray(y)), new_state.params, state.params)
     moved = np.concatenate([s.ravel() for s in jax.tree_util.tree_leaves(step)])
     assert np.allclose(moved[moved > 1e-7], 1e-2, rtol=1e-3)
     assert int(new_state.updates) == 1
@@ -69,7 +70,7 @@ def test_update_matches_numpy_reference():
 
 def test_target_network_period_and_polyak():
     agent = _agent(target_update_period=3)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     buf = _filled(agent)
     step = jax.jit(agent.train_step)
     targets = []
@@ -79,36 +80,37 @@ def test_target_network_period_and_polyak():
         same = jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, state.target_params, state.params))
         assert same == ((i + 1) % 3 == 0)
     polyak = _agent(target_update_period=1, tau=0.25)
-    s0 = polyak.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    s0 = jax.jit(polyak.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     s1, _, _ = jax.jit(polyak.train_step)(s0, _filled(polyak), jax.random.PRNGKey(0))
-    expected = jax.tree_util.tree_map(lambda t, p: 0.75 * t + 0.25 * p, s0.target_params, s1.params)
+    expected = jax.jit(lambda ts, ps: jax.tree_util.tree_map(lambda t, p: 0.75 * t + 0.25 * p, ts, ps))(
+        s0.target_params, s1.params)
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), s1.target_params, expected)
 
 
 def test_epsilon_greedy_and_decay():
     agent = _agent(num_envs=4, epsilon_start=1.0, epsilon_end=0.0, epsilon_decay_steps=400, train_interval=2,
                    updates_per_train=1)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     obs = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
-    greedy = np.asarray(jnp.argmax(agent.network.apply(state.params, obs), -1))
+    greedy = np.asarray(jax.jit(lambda p, o: jnp.argmax(agent.network.apply(p, o), -1))(state.params, obs))
     # 8 env steps per update: epsilon reaches 0 after 50 updates and is 0.5 after 25.
-    np.testing.assert_allclose(agent.epsilon(state.replace(updates=jnp.int32(25))), 0.5)
+    np.testing.assert_allclose(jax.jit(agent.epsilon)(state.replace(updates=jnp.int32(25))), 0.5)
     keys = jax.random.split(jax.random.PRNGKey(1), 2000)
-    act = jax.vmap(lambda st, k: agent.act(st, obs, (), k, jnp.arange(4))[0], in_axes=(None, 0))
+    act = jax.jit(jax.vmap(lambda st, k: agent.act(st, obs, (), k, jnp.arange(4))[0], in_axes=(None, 0)))
     explore_all = np.asarray(act(state, keys))
     assert abs((explore_all == 1).mean() - 0.5) < 0.03  # epsilon 1: uniform over the 2 actions
     np.testing.assert_array_equal(np.asarray(act(state.replace(updates=jnp.int32(50)), keys)),
                                   np.broadcast_to(greedy, (2000, 4)))
     half = np.asarray(act(state.replace(updates=jnp.int32(25)), keys))
     assert abs((half != greedy).mean() - 0.25) < 0.03  # epsilon 0.5: a random action differs half the time
-    evaluation = agent.act(state, obs, (), keys[0], jnp.arange(4), explore=False)[0]
+    evaluation = jax.jit(lambda st, k: agent.act(st, obs, (), k, jnp.arange(4), explore=False)[0])(state, keys[0])
     np.testing.assert_array_equal(np.asarray(evaluation), greedy)
 
 
 # --------------------------------------------------------------------- the loss against a NumPy re-derivation
 def _mlp_params(rng, obs_dim=3, hidden=8, actions=3, scale=1.0):
     """Parameters of the 1-hidden-layer Q network (rl/nets/networks.py, hidden_sizes=[hidden]) drawn at random."""
-    f = lambda *shape: jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+    f = lambda *shape: jnp.asarray((rng.normal(size=shape) * scale).astype(np.float32))
     return {"params": {"torso": {"Dense_0": {"kernel": f(obs_dim, hidden), "bias": f(hidden)}},
                        "head": {"q_out": {"kernel": f(hidden, actions), "bias": f(actions)}}}}
 
@@ -194,7 +196,7 @@ def test_loss_and_gradient_match_numpy_reference(loss, double_q, prioritised):
                                                                            np.asarray(batch.next_obs)).argmax(1)
     assert disagree[np.asarray(batch.discount) > 0].sum() >= 3
 
-    (value, (td, _)), grads = jax.value_and_grad(agent._loss, has_aux=True)(params, target_params, batch)
+    (value, (td, _)), grads = jax.jit(jax.value_and_grad(agent._loss, has_aux=True))(params, target_params, batch)
     ref_value, ref_grads, ref_td, _ = _np_loss_and_grad(params, target_params, batch, loss=loss, double_q=double_q,
                                                          beta=0.5 if prioritised else None)
     if loss == "huber":
@@ -204,7 +206,7 @@ def test_loss_and_gradient_match_numpy_reference(loss, double_q, prioritised):
     jax.tree_util.tree_map(lambda g, r: np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4, atol=1e-6),
                            grads, ref_grads)
     # No gradient reaches the target network.
-    g_target = jax.grad(lambda tp: agent._loss(params, tp, batch)[0])(target_params)
+    g_target = jax.jit(jax.grad(lambda tp: agent._loss(params, tp, batch)[0]))(target_params)
     assert not any(np.any(np.asarray(x)) for x in jax.tree_util.tree_leaves(g_target))
 
 
@@ -223,32 +225,35 @@ def test_prioritised_train_step_sets_priorities_and_weights():
     the NumPy reference), other slots keep theirs, and the next samples are drawn in proportion to them."""
     alpha, beta, eps = 0.6, 0.5, 1e-6
     agent = _agent(priority_exponent=alpha, importance_exponent=beta, priority_epsilon=eps, num_actions=3)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     rng = np.random.default_rng(1)
     state = state.replace(params=_mlp_params(rng), target_params=_mlp_params(rng))
     buf = _filled(agent)
-    seq = agent.buffer.sequences
+    priorities = jax.jit(agent.buffer.sequences.priorities)
+    sample = jax.jit(agent.buffer.sample, static_argnums=2)
     # Unequal priorities first, so that the importance weights of the sample are not all 1.
-    slots_all = jnp.asarray(np.unique(np.asarray(agent.buffer.sample(buf, jax.random.PRNGKey(11), 256).slots)))
-    buf = agent.buffer.set_priorities(buf, slots_all, jnp.asarray(rng.uniform(0.1, 5.0, len(slots_all)), jnp.float32))
+    slots_all = jnp.asarray(np.unique(np.asarray(sample(buf, jax.random.PRNGKey(11), 256).slots)))
+    buf = jax.jit(agent.buffer.set_priorities)(buf, slots_all,
+                                               jnp.asarray(rng.uniform(0.1, 5.0, len(slots_all)), jnp.float32))
     key = jax.random.PRNGKey(3)
-    batch = agent.buffer.sample(buf, jax.random.split(key, 1)[0], agent.batch_size)  # what train_step samples
+    batch = sample(buf, jax.random.split(key, 1)[0], agent.batch_size)  # what train_step samples
     probs = np.asarray(batch.probabilities)
     assert probs.max() > 1.5 * probs.min()  # the importance weights differ
     ref_value, _, ref_td, _ = _np_loss_and_grad(state.params, state.target_params, batch, loss="mse", double_q=True,
                                                 beta=beta)
-    np.testing.assert_allclose(float(agent._loss(state.params, state.target_params, batch)[0]), ref_value, rtol=1e-5)
+    np.testing.assert_allclose(float(jax.jit(agent._loss)(state.params, state.target_params, batch)[0]), ref_value,
+                               rtol=1e-5)
 
     _, buf2, metrics = jax.jit(agent.train_step)(state, buf, key)
     np.testing.assert_allclose(float(metrics["loss"]), np.mean(0.5 * ref_td**2), rtol=1e-5)
     slots = np.asarray(batch.slots)
-    stored = np.asarray(seq.priorities(buf2, jnp.asarray(slots)))
+    stored = np.asarray(priorities(buf2, jnp.asarray(slots)))
     np.testing.assert_allclose(stored, (np.abs(ref_td) + eps) ** alpha, rtol=1e-5)
     others = np.setdiff1d(np.asarray(slots_all), slots)
-    np.testing.assert_array_equal(np.asarray(seq.priorities(buf2, jnp.asarray(others))),
-                                  np.asarray(seq.priorities(buf, jnp.asarray(others))))
+    np.testing.assert_array_equal(np.asarray(priorities(buf2, jnp.asarray(others))),
+                                  np.asarray(priorities(buf, jnp.asarray(others))))
     # The next sample draws the updated slots in proportion to their new priority**alpha.
-    draw = agent.buffer.sample(buf2, jax.random.PRNGKey(5), 4096)
+    draw = sample(buf2, jax.random.PRNGKey(5), 4096)
     prob = dict(zip(np.asarray(draw.slots).tolist(), np.asarray(draw.probabilities).tolist()))
     seen = [i for i, s in enumerate(slots) if s in prob]
     assert len(seen) >= 2
@@ -259,7 +264,7 @@ def test_prioritised_train_step_sets_priorities_and_weights():
 
 def test_train_step_donates_buffer():
     agent = _agent()
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     buf = _filled(agent)
     step = jax.jit(agent.train_step, donate_argnums=(0, 1))
     leaf = buf.rows.storage[0]

@@ -76,8 +76,8 @@ def _history(agent, steps, num_envs, term=(), trunc=()):
     """A buffer holding `steps` steps per env whose obs[0] is the step index t and obs[1] the env; reward
     r = t + 10 e + 1, terminated at the (t, e) of `term`, truncated at those of `trunc`. Returns the buffer
     state and each env's history (dicts, as `tests/buffers/test_nstep.nstep_loop` reads them)."""
-    state = agent.buffer.init(agent.step_prototype(jnp.zeros(3)))
-    add = jax.jit(agent.buffer.add)
+    state = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(3)))
+    add = jax.jit(lambda st, fields, ids: agent.buffer.add(st, agent.make_step(*fields, (), {}), ids))
     hist = [[] for _ in range(num_envs)]
     for t in range(steps):
         obs = np.array([[t, e, 0.0] for e in range(num_envs)], np.float32)
@@ -88,9 +88,9 @@ def _history(agent, steps, num_envs, term=(), trunc=()):
                 "next_obs": obs + np.float32(0.5)}
         for e in range(num_envs):
             hist[e].append({k: v[e] for k, v in step.items()})
-        state = add(state, agent.make_step(*(jnp.asarray(step[k]) for k in
-                                             ("obs", "action", "reward", "terminated", "truncated", "next_obs")),
-                                           (), {}), jnp.arange(num_envs))
+        state = add(state, tuple(jnp.asarray(step[k]) for k in
+                                 ("obs", "action", "reward", "terminated", "truncated", "next_obs")),
+                    jnp.arange(num_envs))
     return state, hist
 
 
@@ -108,8 +108,9 @@ def test_target_moves_by_tau_exactly_at_multiples_of_the_period(tau):
     """With `target_update_period=3`, the target stays put for two updates and at every third one becomes
     tau * online + (1 - tau) * target (the online params after that update), checked over 7 updates."""
     agent = _agent(target_update_period=3, tau=tau, optim={"name": "sgd", "lr": 0.05})
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
-    state = state.replace(target_params=jax.tree_util.tree_map(lambda p: 0.5 * p + 0.1, state.params))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = state.replace(target_params=jax.jit(lambda ps: jax.tree_util.tree_map(lambda p: 0.5 * p + 0.1, ps))(
+        state.params))
     buf = _filled(agent)
     step = jax.jit(agent.train_step)
     expected = _np(state.target_params)
@@ -132,15 +133,15 @@ def test_epsilon_decays_over_env_steps_whatever_the_replay_ratio():
     start, end, decay = 0.9, 0.1, 48
     agent = _agent(train_interval=3, updates_per_train=4, epsilon_start=start, epsilon_end=end,
                    epsilon_decay_steps=decay)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     buf = _filled(agent)
-    step = jax.jit(agent.train_step)
-    np.testing.assert_allclose(agent.epsilon(state), start, rtol=1e-6)
+    step, epsilon = jax.jit(agent.train_step), jax.jit(agent.epsilon)
+    np.testing.assert_allclose(epsilon(state), start, rtol=1e-6)
     for k in range(1, 11):
         state, buf, metrics = step(state, buf, jax.random.PRNGKey(k))
         assert int(state.updates) == 4 * k
         expected = start + (end - start) * min(6 * k / decay, 1.0)
-        np.testing.assert_allclose(agent.epsilon(state), expected, rtol=1e-5)
+        np.testing.assert_allclose(epsilon(state), expected, rtol=1e-5)
         np.testing.assert_allclose(metrics["epsilon"], expected, rtol=1e-5)
 
 
@@ -148,7 +149,7 @@ def test_updates_per_train_makes_that_many_gradient_steps():
     """`updates_per_train=3`: one train step equals 3 single updates made in turn with the keys
     split(key, 3) (plain SGD, so every update moves the params)."""
     agent = _agent(updates_per_train=3, target_update_period=2, optim={"name": "sgd", "lr": 0.05})
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     buf = _filled(agent)
     key = jax.random.PRNGKey(4)
     new_state, _, _ = jax.jit(agent.train_step)(state, buf, key)
@@ -168,7 +169,7 @@ def test_logged_metrics_are_the_mean_over_the_updates_of_a_train_step():
     each update's values, computed here with NumPy from the batch that update sampled (the last update's values
     alone are far from them: SGD moves the params between updates); `epsilon` is the one after the step."""
     agent = _agent(updates_per_train=3, loss="mse", optim={"name": "sgd", "lr": 0.5})
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     buf = _filled(agent)
     key = jax.random.PRNGKey(4)
     _, _, metrics = jax.jit(agent.train_step)(state, buf, key)
@@ -184,7 +185,7 @@ def test_logged_metrics_are_the_mean_over_the_updates_of_a_train_step():
     got = np.array([float(metrics[k]) for k in ("loss", "q", "abs_td")])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
     assert np.abs(last - expected).max() > 1e-2 * np.abs(expected).max()  # the last update's would fail
-    assert float(metrics["epsilon"]) == pytest.approx(float(agent.epsilon(manual[0])))
+    assert float(metrics["epsilon"]) == pytest.approx(float(jax.jit(agent.epsilon)(manual[0])))
 
 
 @pytest.mark.parametrize("eval_epsilon", [0.0, 0.3, 1.0])
@@ -196,7 +197,7 @@ def test_act_uses_the_online_params_and_the_right_epsilon(eval_epsilon):
     train_eps = 1.0 if eval_epsilon < 0.5 else 0.0
     agent = _agent(num_actions=3, eval_epsilon=eval_epsilon, epsilon_start=train_eps, epsilon_end=train_eps)
     rng = np.random.default_rng(0)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     state = state.replace(params=_mlp_params(rng), target_params=_mlp_params(rng))
     obs = rng.normal(size=(32, 3)).astype(np.float32)
     greedy, target_greedy = _np_q(state.params, obs).argmax(1), _np_q(state.target_params, obs).argmax(1)
@@ -224,7 +225,7 @@ def test_loss_kind_huber_delta_and_double_q_match_numpy(loss, delta, double_q):
     rng = np.random.default_rng(0)
     params, target_params = _mlp_params(rng), _mlp_params(rng)
     batch = _hand_batch(rng)
-    value, (td, _) = agent._loss(params, target_params, batch)
+    value, (td, _) = jax.jit(agent._loss)(params, target_params, batch)
 
     def ref(**over):
         kw = {"loss": loss, "delta": delta, "double_q": double_q, **over}
@@ -284,7 +285,7 @@ def test_prioritised_sgd_step_matches_numpy():
     agent = _agent(num_actions=3, batch_size=B, priority_exponent=alpha, importance_exponent=beta,
                    priority_epsilon=eps, optim={"name": "sgd", "lr": lr})
     rng = np.random.default_rng(1)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     state = state.replace(params=_mlp_params(rng), target_params=_mlp_params(rng))
     buf = _filled(agent)
     written = jnp.asarray([e * 32 + t for e in range(2) for t in range(20)], jnp.int32)  # _filled's slots
@@ -345,12 +346,19 @@ def _np_updates(name, lr, eps, weight_decay, max_grad_norm, clip_after=False):
     return np.stack(out)
 
 
-def _run_optimizer(opt, grads=_GRADS):
+def _run_optimizer(opt, grads=_GRADS, jit=True):
+    """The updates `opt` makes on `grads` from _PARAMS; `jit=False` runs it op by op."""
     params = {"w": jnp.asarray(_PARAMS, jnp.float32)}
-    state, out = opt.init(params), []
+    state, out = (jax.jit(opt.init) if jit else opt.init)(params), []
+
+    def step(g, state, params):
+        u, state = opt.update(g, state, params)
+        return u, state, optax.apply_updates(params, u)
+
+    step = jax.jit(step) if jit else step
+
     for g in grads:
-        u, state = opt.update({"w": jnp.asarray(g, jnp.float32)}, state, params)
-        params = optax.apply_updates(params, u)
+        u, state, params = step({"w": jnp.asarray(g, jnp.float32)}, state, params)
         out.append(np.asarray(u["w"]))
     return np.stack(out)
 
@@ -411,7 +419,9 @@ def test_lr_decay_updates_0_decays_over_the_whole_run(tmp_path):
     assert updates == 26
     agent = build(compose_cfg(common)).agent
     lr = agent.cfg.optim.lr
-    steps = -_run_optimizer(agent.optimizer, [np.ones(4)] * 28)[:, 0]  # Adam on constant grads: the lr itself
+    # Adam on constant grads: the lr itself. Op by op, the lr is exactly 0 once decayed (under jit, optax's
+    # linear schedule ends at about -1e-11, which atol=1e-12 would refuse).
+    steps = -_run_optimizer(agent.optimizer, [np.ones(4)] * 28, jit=False)[:, 0]
     np.testing.assert_allclose(steps, [lr * max(1 - k / 26, 0) for k in range(28)], rtol=1e-4, atol=1e-12)
     assert build(compose_cfg([*common, "agent.optim.lr_decay_updates=7"])).agent.cfg.optim.lr_decay_updates == 7
     with pytest.raises(ValueError, match="lr_decay_updates=0 decays over the whole run"):
@@ -433,7 +443,7 @@ def test_mlp_layers_and_activation_match_numpy(activation):
     """`hidden_sizes=[5, 4]`, `head_hidden=[3]`: the param shapes are those layers, and Q equals the NumPy
     forward pass with `activation` after every hidden layer of the torso and of the head."""
     agent = _agent(network={"hidden_sizes": [5, 4], "head_hidden": [3], "activation": activation})
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(3)).params
+    params = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3)).params
     shapes = jax.tree_util.tree_map(np.shape, params["params"])
     assert shapes == {"torso": {"Dense_0": {"kernel": (3, 5), "bias": (5,)}, "Dense_1": {"kernel": (5, 4), "bias": (4,)}},
                       "head": {"q_0": {"kernel": (4, 3), "bias": (3,)}, "q_out": {"kernel": (3, 2), "bias": (2,)}}}
@@ -442,14 +452,14 @@ def test_mlp_layers_and_activation_match_numpy(activation):
     f = _ACT[activation]
     h = f(_dense(p["torso"]["Dense_1"], f(_dense(p["torso"]["Dense_0"], x))))
     q = _dense(p["head"]["q_out"], f(_dense(p["head"]["q_0"], h)))
-    np.testing.assert_allclose(np.asarray(agent.network.apply(params, jnp.asarray(x, jnp.float32))), q,
+    np.testing.assert_allclose(np.asarray(jax.jit(agent.network.apply)(params, jnp.asarray(x, jnp.float32))), q,
                                rtol=1e-4, atol=1e-5)
 
 
 def test_dueling_head_matches_numpy():
     """`dueling=true` (with `head_hidden=[3]`): value and advantage streams, Q = V + A - mean_a A."""
     agent = _agent(num_actions=3, network={"hidden_sizes": [4], "head_hidden": [3], "dueling": True})
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(3)).params
+    params = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3)).params
     head = _np(params["params"]["head"])
     assert set(head) == {"value_0", "value_out", "advantage_0", "advantage_out"}
     assert head["value_out"]["kernel"].shape == (3, 1) and head["advantage_out"]["kernel"].shape == (3, 3)
@@ -458,7 +468,7 @@ def test_dueling_head_matches_numpy():
     v = _dense(head["value_out"], np.maximum(_dense(head["value_0"], h), 0))
     a = _dense(head["advantage_out"], np.maximum(_dense(head["advantage_0"], h), 0))
     q = v + a - a.mean(1, keepdims=True)
-    np.testing.assert_allclose(np.asarray(agent.network.apply(params, jnp.asarray(x, jnp.float32))), q,
+    np.testing.assert_allclose(np.asarray(jax.jit(agent.network.apply)(params, jnp.asarray(x, jnp.float32))), q,
                                rtol=1e-4, atol=1e-5)
     assert np.abs(a.mean(1)).max() > 1e-3  # the mean is not zero by chance
 
@@ -478,5 +488,6 @@ def test_torso_and_cnn_dense_set_the_layers(obs_shape, network, kernels):
     on large images) and `cnn_dense` the width of the dense layer after the convolutions."""
     agent = make_agent({"name": "dqn", "buffer_size": 64, "batch_size": 8, "network": network},
                        obs_shape=obs_shape, obs_dtype=jnp.float32, num_actions=2, num_envs=2)
-    shapes = jax.eval_shape(agent.network.init, jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape)))["params"]
+    shapes = jax.eval_shape(agent.network.init, jax.random.PRNGKey(0),
+                            jax.ShapeDtypeStruct((1, *obs_shape), jnp.float32))["params"]
     assert {name: leaf["kernel"].shape for name, leaf in shapes["torso"].items()} == kernels

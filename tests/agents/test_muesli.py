@@ -37,7 +37,8 @@ def test_cmpo_weights_match_numpy(clip):
     rng = np.random.default_rng(0)
     prior_logits = rng.normal(size=(5, 7, 4)) * 2
     adv = rng.normal(size=(5, 7, 4)) * 2  # many beyond the clip
-    got = np.exp(np.asarray(cmpo_log_probs(jnp.asarray(prior_logits), jnp.asarray(adv), clip)))
+    got = np.exp(np.asarray(jax.jit(cmpo_log_probs, static_argnums=2)(jnp.asarray(prior_logits), jnp.asarray(adv),
+                                                                      clip)))
     np.testing.assert_allclose(got, cmpo_numpy(prior_logits, adv, clip), rtol=1e-5, atol=1e-6)
     # The clip bounds the change: pi_cmpo / pi_prior lies within [exp(-2c), exp(2c)].
     prior = cmpo_numpy(prior_logits, np.zeros_like(adv), clip)
@@ -106,11 +107,16 @@ def random_batch(key, B, L, valid_len):
 
 def perturbed_state(agent, key):
     """Initial state with noise on every parameter (so that the zero-initialised heads are not constant)."""
-    state = agent.init(key, jnp.zeros(3))
-    leaves, tree = jax.tree_util.tree_flatten(state.params)
-    keys = jax.random.split(key, len(leaves))
-    params = tree.unflatten([x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
-    return state.replace(params=params, target_params=params)
+
+    @jax.jit
+    def perturbed(key):
+        state = agent.init(key, jnp.zeros(3))
+        leaves, tree = jax.tree_util.tree_flatten(state.params)
+        keys = jax.random.split(key, len(leaves))
+        params = tree.unflatten([x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+        return state.replace(params=params, target_params=params)
+
+    return perturbed(key)
 
 
 def test_loss_ignores_steps_past_the_data_and_model_steps_past_episode_ends():
@@ -147,9 +153,14 @@ def test_loss_ignores_steps_past_the_data_and_model_steps_past_episode_ends():
     # r_2 enters only through root 2's own one-step prediction, one term in four.
     d = (reward_loss(9.0) - reward_loss(-9.0)) * 4
     net = agent.network
-    root2 = net.apply(state.params, one["obs"][0, 2], method=type(net).represent)
-    _, logits = net.apply(state.params, root2, one["action"][0, 2], method=type(net).step)
-    expected = agent.support.cross_entropy(logits, 9.0) - agent.support.cross_entropy(logits, -9.0)
+
+    @jax.jit
+    def one_step_expected(params, obs, action):
+        root2 = net.apply(params, obs, method=type(net).represent)
+        _, logits = net.apply(params, root2, action, method=type(net).step)
+        return agent.support.cross_entropy(logits, 9.0) - agent.support.cross_entropy(logits, -9.0)
+
+    expected = one_step_expected(state.params, one["obs"][0, 2], one["action"][0, 2])
     assert abs(float(expected)) > 0.1
     np.testing.assert_allclose(d, expected, rtol=1e-4, atol=1e-5)
 
@@ -221,7 +232,7 @@ def _random_params(agent, seed):
         name = jax.tree_util.keystr(path)
         base = 1.0 if "scale" in name else 0.0
         std = 0.05 if "policy_head" in name and "Dense_1" in name else 0.3  # a policy that is not too sharp
-        return jnp.asarray(base + std * rng.normal(size=x.shape), x.dtype)
+        return jax.device_put((base + std * rng.normal(size=x.shape)).astype(x.dtype))
 
     return jax.tree_util.tree_map_with_path(draw, shapes)
 
@@ -233,7 +244,8 @@ def _reference_problem():
 
     agent = make_agent(REF, obs_shape=(3,), obs_dtype=jnp.float32, num_actions=A, num_envs=E)
     params = _random_params(agent, 0)
-    state = MuesliState(params=params, target_params=_random_params(agent, 1), opt_state=agent.optimizer.init(params),
+    state = MuesliState(params=params, target_params=_random_params(agent, 1),
+                        opt_state=jax.jit(agent.optimizer.init)(params),
                         adv_ema=rlax.EmaState(mu=jnp.float32(2.0), nu=jnp.float32(10.0), decay_product=jnp.float32(0.5)),
                         updates=jnp.zeros((), jnp.int32))
     rng = np.random.default_rng(0)
@@ -268,17 +280,23 @@ def _net(agent, params, method, *args):
     return agent.network.apply(params, *args, method=getattr(MuesliNetwork, method))
 
 
+def _jit_net(agent):
+    """`_net` of `agent`, jitted (`method` static)."""
+    return jax.jit(lambda params, method, *args: _net(agent, params, method, *args), static_argnums=1)
+
+
 def _reference_targets(agent, state, batch, valid):
     """Targets of agents/muesli.py re-derived in NumPy from the target network's outputs."""
     cfg, lo, hi = agent.cfg, agent.cfg.support_min, agent.cfg.support_max
     tp = state.target_params
-    states = _net(agent, tp, "represent", jnp.asarray(batch["obs"]))
-    prior_logits = np.asarray(_net(agent, tp, "predict", states)[0], np.float64)
+    net = _jit_net(agent)
+    states = net(tp, "represent", jnp.asarray(batch["obs"]))
+    prior_logits = np.asarray(net(tp, "predict", states)[0], np.float64)
     B, L = valid.shape
     q, r = np.zeros((B, L, A)), np.zeros((B, L, A))
     for a in range(A):  # one-step look-ahead for every action: r(s, a) + gamma v(s')
-        nxt, reward_logits = _net(agent, tp, "step", states, jnp.full((B, L), a, jnp.int32))
-        value_logits = _net(agent, tp, "predict", nxt)[1]
+        nxt, reward_logits = net(tp, "step", states, jnp.full((B, L), a, jnp.int32))
+        value_logits = net(tp, "predict", nxt)[1]
         r[..., a] = _scalar(np.asarray(reward_logits, np.float64), lo, hi)
         q[..., a] = r[..., a] + cfg.discount * _scalar(np.asarray(value_logits, np.float64), lo, hi)
     prior = _softmax(prior_logits)
@@ -413,8 +431,9 @@ def test_loss_and_gradient_match_reference(reference_problem):
     agent, state, batch, valid, (targets, _, _), ref = reference_problem
     jbatch, jvalid = jax.tree.map(jnp.asarray, batch), jnp.asarray(valid)
     # rho from the online policy at the root, computed outside any gradient.
-    root_logits = np.asarray(_net(agent, state.params, "predict",
-                                  _net(agent, state.params, "represent", jnp.asarray(batch["obs"])))[0], np.float64)
+    net = _jit_net(agent)
+    root_logits = np.asarray(net(state.params, "predict",
+                                 net(state.params, "represent", jnp.asarray(batch["obs"])))[0], np.float64)
     pi_taken = np.take_along_axis(_softmax(root_logits), batch["action"][..., None], -1)[..., 0]
     rho = np.minimum(1.0, pi_taken / np.exp(batch["behaviour_logp"].astype(np.float64)))
     assert (rho[ref["mask"]] < 0.9).sum() >= 3 and (rho[ref["mask"]] == 1.0).sum() >= 3  # both sides of the clip
@@ -442,7 +461,8 @@ def test_target_network_is_an_ema_of_the_online_params(reference_problem):
     agent, state, batch, valid, *_ = reference_problem
     new, _ = jax.jit(agent.update)(state, jax.tree.map(jnp.asarray, batch), jnp.asarray(valid))
     rate = agent.cfg.target_update_rate
-    expected = jax.tree.map(lambda p, t: rate * p + (1 - rate) * t, new.params, state.target_params)
+    expected = jax.jit(lambda ps, ts: jax.tree.map(lambda p, t: rate * p + (1 - rate) * t, ps, ts))(
+        new.params, state.target_params)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6),
                  new.target_params, expected)
 
@@ -453,12 +473,13 @@ def test_advantage_ema_moves_by_masked_batch_moments_and_stays_put_without_targe
     ema = rlax.EmaState(mu=jnp.float32(2.0), nu=jnp.float32(10.0), decay_product=jnp.float32(0.5))
     adv = np.array([[1.0, -3.0, 5.0], [2.0, 7.0, -1.0]], np.float32)
     mask = np.array([[True, True, False], [False, True, True]])
-    moved, scale, mean = advantage_scale(ema, jnp.asarray(adv), jnp.asarray(mask), decay=0.9, eps=1e-4)
+    scale_of = jax.jit(advantage_scale, static_argnames=("decay", "eps"))
+    moved, scale, mean = scale_of(ema, jnp.asarray(adv), jnp.asarray(mask), decay=0.9, eps=1e-4)
     mu, nu, dp = 0.9 * 2.0 + 0.1 * adv[mask].mean(), 0.9 * 10.0 + 0.1 * np.mean(adv[mask] ** 2), 0.45
     np.testing.assert_allclose([moved.mu, moved.nu, moved.decay_product], [mu, nu, dp], rtol=1e-6)
     np.testing.assert_allclose([scale, mean], [np.sqrt(nu / (1 - dp) + 1e-4), mu / (1 - dp)], rtol=1e-5)
 
-    kept, scale, mean = advantage_scale(ema, jnp.asarray(adv), jnp.zeros_like(mask), decay=0.9, eps=1e-4)
+    kept, scale, mean = scale_of(ema, jnp.asarray(adv), jnp.zeros_like(mask), decay=0.9, eps=1e-4)
     np.testing.assert_array_equal([kept.mu, kept.nu, kept.decay_product], [2.0, 10.0, 0.5])
     np.testing.assert_allclose([scale, mean], [np.sqrt(20.0 + 1e-4), 4.0], rtol=1e-6)
 
@@ -485,8 +506,8 @@ def fill(agent, state, buffer_state, key, steps):
 def test_online_queue_is_sampled_once_then_consumed():
     agent = small_agent(replay_fraction=0.5)
     key = jax.random.PRNGKey(0)
-    state = agent.init(key, jnp.zeros(3))
-    buffer_state = agent.buffer.init(agent.step_prototype(jnp.zeros(3)))
+    state = jax.jit(agent.init)(key, jnp.zeros(3))
+    buffer_state = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(3)))
     buffer_state, key = fill(agent, state, buffer_state, key, 10)
     train = jax.jit(agent.train_step, donate_argnums=(0, 1))
     state, buffer_state, m = train(state, buffer_state, jax.random.PRNGKey(1))
@@ -506,7 +527,7 @@ def test_online_queue_is_sampled_once_then_consumed():
 
 def test_updates_fit_a_fixed_batch():
     agent = small_agent(optim={"lr": 3e-3})
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     batch, valid = random_batch(jax.random.PRNGKey(1), 8, agent.cfg.sequence_length, jnp.full(8, 6))
     batch["reward"] = jnp.round(batch["reward"])
     update = jax.jit(agent.update)
@@ -517,18 +538,21 @@ def test_updates_fit_a_fixed_batch():
     assert float(m["value_loss"]) < float(first["value_loss"])
     assert int(state.updates) == 150
     # The target network trails the online one by the EMA.
-    diff = jax.tree_util.tree_map(lambda a, b: jnp.abs(a - b).max(), state.params, state.target_params)
+    diff = jax.tree_util.tree_map(lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(), state.params,
+                                  state.target_params)
     assert 0 < max(jax.tree_util.tree_leaves(diff)) < 1.0
 
 
 def test_act_returns_behaviour_log_probs():
     agent = small_agent()
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
     obs = jax.random.normal(jax.random.PRNGKey(1), (E, 3))
-    action, carry, extras = agent.act(state, obs, (), jax.random.PRNGKey(2), jnp.arange(E))
+    action, carry, extras = jax.jit(lambda st, o, k: agent.act(st, o, (), k, jnp.arange(E)))(
+        state, obs, jax.random.PRNGKey(2))
     assert action.shape == (E,) and action.dtype == jnp.int32 and carry == ()
     np.testing.assert_allclose(extras["behaviour_logp"], np.log(0.5), atol=0.05)  # near-uniform at init
-    greedy, _, _ = agent.act(state, obs, (), jax.random.PRNGKey(2), jnp.arange(E), explore=False)
+    greedy, _, _ = jax.jit(lambda st, o, k: agent.act(st, o, (), k, jnp.arange(E), explore=False))(
+        state, obs, jax.random.PRNGKey(2))
     assert greedy.shape == (E,)
 
 

@@ -77,7 +77,7 @@ def test_lstm_model_builds_and_unrolls_with_the_right_shapes():
 def test_train_steps_reduce_the_loss_on_a_fixed_batch(model):
     agent = agent_with(model)
     state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(5))
-    batch, valid = fixed_batch(jax.random.PRNGKey(1))
+    batch, valid = jax.jit(fixed_batch)(jax.random.PRNGKey(1))
     update = jax.jit(agent.update)
     _, first = update(state, batch, valid)
     for _ in range(100):
@@ -92,7 +92,7 @@ def test_lstm_train_step_through_the_buffer():
     """The agent's train_step (sample, consume, update) runs with the LSTM model."""
     agent = agent_with("lstm")
     state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(5))
-    buffer_state = agent.buffer.init(agent.step_prototype(jnp.zeros(5)))
+    buffer_state = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(5)))
 
     def one(buffer_state, key):
         k1, k2 = jax.random.split(key)

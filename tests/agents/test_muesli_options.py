@@ -23,6 +23,7 @@ from tests.agents.test_muesli import (
     SMALL,
     A,
     E,
+    _jit_net,
     _net,
     _random_params,
     _reference_loss_fn,
@@ -117,8 +118,8 @@ def problem():
     _, ref_state, batch, valid = _reference_problem()
     agent = opt_agent()
     params = _random_params(agent, 0)
-    state = MuesliState(params=params, target_params=_random_params(agent, 1), opt_state=agent.optimizer.init(params),
-                        adv_ema=ref_state.adv_ema, updates=jnp.zeros((), jnp.int32))
+    state = MuesliState(params=params, target_params=_random_params(agent, 1),
+                        opt_state=jax.jit(agent.optimizer.init)(params), adv_ema=ref_state.adv_ema, updates=jnp.zeros((), jnp.int32))
     jbatch, jvalid = jax.tree.map(jnp.asarray, batch), jnp.asarray(valid)
     out = jax.jit(agent.targets)(state, jbatch, jvalid)
     return agent, state, batch, valid, out, _reference_targets(agent, state, batch, valid)
@@ -157,8 +158,9 @@ def test_loss_and_gradient_follow_the_loss_options(problem, loss_grads):
     loss, its five terms and its gradient equal the loop-based reference of tests/agents/test_muesli.py, and the
     loss is the weighted sum of the term metrics."""
     agent, state, batch, valid, _, ref = problem
-    root_logits = np.asarray(_net(agent, state.params, "predict",
-                                  _net(agent, state.params, "represent", jnp.asarray(batch["obs"])))[0], np.float64)
+    net = _jit_net(agent)
+    root_logits = np.asarray(net(state.params, "predict",
+                                 net(state.params, "represent", jnp.asarray(batch["obs"])))[0], np.float64)
     pi_taken = np.take_along_axis(_softmax(root_logits), batch["action"][..., None], -1)[..., 0]
     rho = np.minimum(1.0, pi_taken / np.exp(batch["behaviour_logp"].astype(np.float64)))
     ref_loss = _reference_loss_fn(agent, batch, valid, ref, rho)
@@ -212,10 +214,10 @@ def test_train_step_takes_replay_fraction_of_the_batch_from_replay(replay_fracti
     sequences (starting anywhere in 13 stored steps) hold more than two steps on average."""
     batch, length = 7, 6
     agent = small_agent(replay_fraction=replay_fraction, batch_size=batch, sequence_length=length)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
-    bs = agent.buffer.init(agent.step_prototype(jnp.zeros(3)))
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
+    bs = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(3)))
     bs, key = fill(agent, state, bs, jax.random.PRNGKey(1), 12)
-    bs = agent.buffer.consume_online(bs)
+    bs = jax.jit(agent.buffer.consume_online)(bs)
     bs, key = fill(agent, state, bs, key, 1)
     _, _, metrics = jax.jit(agent.train_step)(state, bs, jax.random.PRNGKey(2))
     assert n_online == round(batch * (1 - replay_fraction))
@@ -229,12 +231,13 @@ def test_sequence_starts_are_weighted_by_length_power():
     """Sequence starts are weighted by (valid steps from the start, capped at sequence_length) ** length_power
     (2 here): the buffer's weights and the probabilities of sampled sequences."""
     agent = small_agent(length_power=2.0)
-    state = agent.init(jax.random.PRNGKey(0), jnp.zeros(3))
-    bs, _ = fill(agent, state, agent.buffer.init(agent.step_prototype(jnp.zeros(3))), jax.random.PRNGKey(1), 10)
+    state = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros(3))
+    bs, _ = fill(agent, state, jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(3))), jax.random.PRNGKey(1),
+                 10)
     T, L = agent.buffer.capacity_per_env, agent.cfg.sequence_length
     a = np.arange(T)
     expected = np.where(a < 10, np.minimum(L, 10 - a), 0).astype(np.float64) ** 2.0
-    np.testing.assert_allclose(np.asarray(agent.buffer.weights(bs)).reshape(E, T), np.tile(expected, (E, 1)),
+    np.testing.assert_allclose(np.asarray(jax.jit(agent.buffer.weights)(bs)).reshape(E, T), np.tile(expected, (E, 1)),
                                rtol=1e-6)
     sample = jax.jit(agent.buffer.sample, static_argnums=2)(bs, jax.random.PRNGKey(3), 64)
     prob = np.tile(expected, E) / (E * expected.sum())
@@ -268,9 +271,11 @@ def test_act_uses_the_online_policy():
     params, target = _random_params(agent, 0), _random_params(agent, 1)
     state = MuesliState(params=params, target_params=target, opt_state=(), adv_ema=None, updates=None)
     obs = jnp.asarray(np.random.default_rng(0).normal(size=(32, 3)) * 2, jnp.float32)
-    logits = lambda p: np.asarray(_net(agent, p, "predict", _net(agent, p, "represent", obs))[0], np.float64)
+    net = _jit_net(agent)
+    logits = lambda p: np.asarray(net(p, "predict", net(p, "represent", obs))[0], np.float64)
     online = logits(params)
-    greedy, _, extras = agent.act(state, obs, (), jax.random.PRNGKey(1), jnp.arange(32), explore=False)
+    greedy, _, extras = jax.jit(lambda k: agent.act(state, obs, (), k, jnp.arange(32), explore=False))(
+        jax.random.PRNGKey(1))
     np.testing.assert_array_equal(np.asarray(greedy), online.argmax(-1))
     assert (logits(target).argmax(-1) != online.argmax(-1)).sum() >= 2  # guard: the target would act otherwise
     keys = jax.random.split(jax.random.PRNGKey(2), 4000)
@@ -397,7 +402,7 @@ def updates(problem, optim, steps):
     update the parameter change and the params before it."""
     _, state, batch, valid, *_ = problem
     agent = opt_agent(optim=optim)
-    state = state.replace(opt_state=agent.optimizer.init(state.params))
+    state = state.replace(opt_state=jax.jit(agent.optimizer.init)(state.params))
     update = jax.jit(agent.update)
     out = []
     for _ in range(steps):

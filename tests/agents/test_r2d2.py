@@ -50,7 +50,7 @@ def rollout():
     agent = R2D2(small_config(), obs_shape=src.obs_shape, obs_dtype=src.obs_dtype,
                  num_actions=src.num_actions, num_envs=E)
     key = jax.random.PRNGKey(0)
-    env_state, obs = src.reset(key)
+    env_state, obs = jax.jit(src.reset)(key)
     state = agent.init(key, obs[0])
     env_ids = jnp.arange(E)
 
@@ -65,7 +65,7 @@ def rollout():
         next_carry = reset_carry(next_carry, agent.initial_carry(E), done)
         return (bs, env_state, ts.obs, next_carry), (obs, carry, done)
 
-    bs = agent.buffer.init(agent.step_prototype(obs[0]))
+    bs = jax.jit(agent.buffer.init)(agent.step_prototype(obs[0]))
     (bs, *_), (obs_log, carry_log, done_log) = jax.jit(
         lambda c, k: jax.lax.scan(body, c, jax.random.split(k, STEPS)))((bs, env_state, obs, agent.initial_carry(E)), key)
     return agent, state, bs, np.asarray(obs_log), jax.tree.map(np.asarray, carry_log), np.asarray(done_log)
@@ -75,9 +75,9 @@ def rollout():
 def test_value_rescaling_round_trip_matches_numpy():
     agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=2, num_envs=E)
     x = np.concatenate([np.linspace(-500, 500, 101), [0.0, 1e-4, -3.7, 1e4]]).astype(np.float32)
-    h = np.asarray(agent.tx_pair.apply(jnp.asarray(x)))
+    h = np.asarray(jax.jit(agent.tx_pair.apply)(jnp.asarray(x)))
     np.testing.assert_allclose(h, h_np(x.astype(np.float64)), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(agent.tx_pair.apply_inv(jnp.asarray(h))), x, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(jax.jit(agent.tx_pair.apply_inv)(jnp.asarray(h))), x, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(h_inv_np(h_np(x.astype(np.float64))), x, rtol=1e-9, atol=1e-9)
 
 
@@ -111,7 +111,8 @@ def test_valid_td_mask_matches_numpy_loop(n):
     mask = np.arange(steps)[:, None] < rng.integers(1, steps + 1, batch)[None, :]
     done = rng.random((steps, batch)) < 0.2
     terminated = done & (rng.random((steps, batch)) < 0.5)
-    got = np.asarray(valid_td_mask(jnp.asarray(mask), jnp.asarray(terminated), jnp.asarray(done), n))
+    got = np.asarray(jax.jit(valid_td_mask, static_argnums=3)(jnp.asarray(mask), jnp.asarray(terminated),
+                                                              jnp.asarray(done), n))
     for b in range(batch):
         np.testing.assert_array_equal(got[:, b], valid_td_mask_np(mask[:, b], terminated[:, b], done[:, b], n))
 
@@ -210,8 +211,9 @@ def test_sequence_td_matches_numpy_reference(stored_state):
                  num_actions=3, num_envs=E)
     data, mask = hand_sequences(agent)
     batch = mask.shape[0]
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
-    target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
+    init = agent.init
+    params = init(jax.random.PRNGKey(0), jnp.zeros(2)).params
+    target = init(jax.random.PRNGKey(1), jnp.zeros(2)).params
     jdata = jax.tree.map(jnp.asarray, data)
     _, aux = jax.jit(agent.sequence_loss)(params, target, jdata, jnp.asarray(mask), jnp.ones(batch))
     ref_td, ref_ok = reference_td(agent, params, target, data, mask, stored_state)
@@ -230,8 +232,9 @@ def test_steps_outside_the_mask_do_not_reach_the_td_errors():
     where the loss masks it out)."""
     agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=3, num_envs=E)
     data, mask = hand_sequences(agent)
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
-    target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
+    init = agent.init
+    params = init(jax.random.PRNGKey(0), jnp.zeros(2)).params
+    target = init(jax.random.PRNGKey(1), jnp.zeros(2)).params
     loss = jax.jit(jax.value_and_grad(agent.sequence_loss, has_aux=True))
 
     def run(d):
@@ -252,8 +255,9 @@ def test_sequence_loss_value_and_weights_match_reference():
     importance weights w_b; d loss / d w_b is the sequence's own term / B."""
     agent = R2D2(small_config(), obs_shape=(2,), obs_dtype=jnp.float32, num_actions=3, num_envs=E)
     data, mask = hand_sequences(agent, seed=2)
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros(2)).params
-    target = agent.init(jax.random.PRNGKey(1), jnp.zeros(2)).params
+    init = agent.init
+    params = init(jax.random.PRNGKey(0), jnp.zeros(2)).params
+    target = init(jax.random.PRNGKey(1), jnp.zeros(2)).params
     jdata = jax.tree.map(jnp.asarray, data)
     weights = np.array([0.2, 1.0, 0.6], np.float32)
     ref_td, ref_ok = reference_td(agent, params, target, data, mask)
@@ -292,7 +296,7 @@ def test_burn_in_steps_get_no_gradient():
 def test_sequences_hold_one_env_and_the_actors_state_at_their_start(rollout):
     agent, state, bs, obs_log, carry_log, done_log = rollout
     assert done_log.sum() >= E  # episodes ended: resets happened inside the rows
-    sample = agent.buffer.sample(bs, jax.random.PRNGKey(3), 64)
+    sample = jax.jit(agent.buffer.sample, static_argnums=2)(bs, jax.random.PRNGKey(3), 64)
     T, L = agent.buffer.capacity_per_env, agent.cfg.sequence_length
     env, start = np.asarray(sample.env_ids), np.asarray(sample.slots) % T  # T > STEPS: position = step
     mask = np.asarray(sample.mask)
@@ -326,29 +330,31 @@ def test_sequences_hold_one_env_and_the_actors_state_at_their_start(rollout):
 def test_train_step_sets_mixed_priorities_under_donation(rollout):
     agent, state, bs, *_ = rollout
     key = jax.random.PRNGKey(4)
-    sample = agent.buffer.sample(bs, key, agent.cfg.batch_size)
+    buf = agent.buffer
+    sample_fn, priorities = jax.jit(buf.sample, static_argnums=2), jax.jit(buf.priorities)
+    sample = sample_fn(bs, key, agent.cfg.batch_size)
     _, aux = jax.jit(agent.sequence_loss)(state.params, state.target_params, sample.data, sample.mask,
                                           jnp.ones(agent.cfg.batch_size))
     expected = sequence_priority_np(np.asarray(aux["abs_td"]).T, np.asarray(aux["valid"]).T, agent.cfg.priority_eta)
     slots = np.asarray(sample.slots)
-    bs_copy = jax.tree.map(jnp.copy, bs)
+    copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+    bs_copy = copy(bs)
 
     step = jax.jit(agent.train_step, donate_argnums=(0, 1))
-    new_state, new_bs, metrics = step(jax.tree.map(jnp.copy, state), bs_copy, key)
+    new_state, new_bs, metrics = step(copy(state), bs_copy, key)
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(bs_copy))  # donated: updated in place
-    stored = np.asarray(agent.buffer.priorities(new_bs, slots))
+    stored = np.asarray(priorities(new_bs, slots))
     np.testing.assert_allclose(stored, expected ** agent.cfg.priority_exponent, rtol=1e-5, atol=1e-7)
-    buf = agent.buffer
     every = np.arange(buf.num_slots)
     every = every[every % buf.capacity_per_env % buf.stride == 0]  # one slot per stored priority
-    untouched = np.setdiff1d(every[np.asarray(buf.priorities(bs, every)) > 0], slots)
-    np.testing.assert_array_equal(np.asarray(buf.priorities(new_bs, untouched)),
-                                  np.asarray(buf.priorities(bs, untouched)))
+    untouched = np.setdiff1d(every[np.asarray(priorities(bs, every)) > 0], slots)
+    np.testing.assert_array_equal(np.asarray(priorities(new_bs, untouched)),
+                                  np.asarray(priorities(bs, untouched)))
     assert 0 < float(metrics["importance_weight"]) <= 1
 
     # the next updates sample by the new priorities: the updated slots are drawn less often than the
     # untouched ones (priority 1, the initial maximum) in exact proportion to their priority**alpha ...
-    draw = buf.sample(new_bs, jax.random.PRNGKey(5), 4096)
+    draw = sample_fn(new_bs, jax.random.PRNGKey(5), 4096)
     prob = dict(zip(np.asarray(draw.slots).tolist(), np.asarray(draw.probabilities).tolist()))
     seen = [s for s in np.unique(slots) if s in prob]
     assert seen
@@ -366,7 +372,7 @@ def test_importance_exponent_zero_switches_weights_off(rollout):
     agent, state, bs, *_ = rollout
     off = R2D2(small_config(importance_exponent=0.0), obs_shape=agent.obs_shape, obs_dtype=agent.obs_dtype,
                num_actions=agent.num_actions, num_envs=E)
-    bs = off.buffer.set_priorities(bs, jnp.arange(0, 64, 4), jnp.linspace(0.1, 5.0, 16))  # unequal priorities
+    bs = jax.jit(off.buffer.set_priorities)(bs, jnp.arange(0, 64, 4), jnp.linspace(0.1, 5.0, 16))  # unequal priorities
     key = jax.random.PRNGKey(6)
     assert float(jax.jit(off.train_step)(state, bs, key)[2]["importance_weight"]) == 1.0
     assert float(jax.jit(agent.train_step)(state, bs, key)[2]["importance_weight"]) < 1.0  # exponent 0.6
@@ -377,10 +383,10 @@ def test_train_step_loss_is_importance_weighted(rollout):
     for the probabilities P of the sequences it sampled."""
     agent, state, bs, *_ = rollout
     every = np.arange(0, agent.buffer.num_slots, agent.cfg.period)
-    bs = agent.buffer.set_priorities(bs, jnp.asarray(every),
-                                     jnp.asarray(np.random.default_rng(0).uniform(0.05, 5.0, len(every)), jnp.float32))
+    bs = jax.jit(agent.buffer.set_priorities)(
+        bs, jnp.asarray(every), jnp.asarray(np.random.default_rng(0).uniform(0.05, 5.0, len(every)), jnp.float32))
     key = jax.random.PRNGKey(8)
-    sample = agent.buffer.sample(bs, key, agent.cfg.batch_size)  # what train_step samples with this key
+    sample = jax.jit(agent.buffer.sample, static_argnums=2)(bs, key, agent.cfg.batch_size)  # what train_step samples with this key
     p = np.asarray(sample.probabilities, np.float64)
     w = p ** -agent.cfg.importance_exponent
     w = w / w.max()
@@ -449,5 +455,5 @@ def test_a_members_epsilons_come_from_its_own_epsilon_hyperparameters():
     base = 0.4 ** (1 + 7.0 * np.arange(E) / (E - 1))
     np.testing.assert_allclose(np.asarray(agent.member_epsilons()), base, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(agent.member_epsilons({"discount": jnp.float32(0.5)})), base, rtol=1e-6)
-    member = agent.member_epsilons({"epsilon_base": jnp.float32(0.2), "epsilon_alpha": jnp.float32(3.0)})
+    member = jax.jit(agent.member_epsilons)({"epsilon_base": jnp.float32(0.2), "epsilon_alpha": jnp.float32(3.0)})
     np.testing.assert_allclose(np.asarray(member), 0.2 ** (1 + 3.0 * np.arange(E) / (E - 1)), rtol=1e-5)

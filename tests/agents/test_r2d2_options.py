@@ -109,7 +109,7 @@ def fill(agent, reward, terminated, truncated, seed=0):
         obs, action, rew, term, trunc, carry = x
         return agent.buffer.add(bs, agent.make_step(obs, action, rew, term, trunc, None, carry, {}), env_ids), None
 
-    bs = agent.buffer.init(agent.step_prototype(jnp.zeros(agent.obs_shape)))
+    bs = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(agent.obs_shape)))
     return jax.jit(lambda bs, xs: jax.lax.scan(add, bs, xs)[0])(bs, xs)
 
 
@@ -155,7 +155,7 @@ def test_priorities_are_eta_mixed_over_valid_steps_only(replay):
     assert (np.abs(sequence_priority_np(abs_td, ok, 0.9) - expected) > 1e-2 * expected).sum() >= 2
 
     _, new_bs, metrics = train(state, bs, key)
-    stored = np.asarray(agent.buffer.priorities(new_bs, sample.slots))
+    stored = np.asarray(jax.jit(agent.buffer.priorities)(new_bs, sample.slots))
     np.testing.assert_allclose(stored, expected ** REPLAY["priority_exponent"], rtol=2e-4)
     np.testing.assert_allclose(float(metrics["priority"]), expected.mean(), rtol=2e-4)
     np.testing.assert_allclose(float(metrics["valid_fraction"]), ok.mean(), rtol=1e-6)
@@ -166,7 +166,7 @@ def test_importance_weights_use_importance_exponent(replay):
     configured beta (0.3, not 0.6) over the `batch_size` sequences it sampled."""
     agent, state, bs, train = replay
     every = np.arange(0, agent.buffer.num_slots, agent.cfg.period)
-    bs = agent.buffer.set_priorities(bs, jnp.asarray(every), jnp.asarray(
+    bs = jax.jit(agent.buffer.set_priorities)(bs, jnp.asarray(every), jnp.asarray(
         np.random.default_rng(1).uniform(0.05, 5.0, len(every)), jnp.float32))
     key = jax.random.PRNGKey(8)
     sample = jax.jit(agent.buffer.sample, static_argnums=2)(bs, key, B)
@@ -208,8 +208,8 @@ def test_actor_epsilons_are_looked_up_by_env_id():
     env_ids = jnp.asarray([3, 0, 2])
     rng = np.random.default_rng(0)
     obs = jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)
-    carry = LSTMCarry(*jnp.asarray(rng.normal(size=(2, 3, H)), jnp.float32))
-    greedy = agent.act(state, obs, carry, jax.random.PRNGKey(1), env_ids, explore=False)[0]
+    carry = LSTMCarry(*map(jnp.asarray, rng.normal(size=(2, 3, H)).astype(np.float32)))
+    greedy = jax.jit(lambda k: agent.act(state, obs, carry, k, env_ids, explore=False)[0])(jax.random.PRNGKey(1))
     keys = jax.random.split(jax.random.PRNGKey(2), 6000)
     actions = jax.jit(jax.vmap(lambda k: agent.act(state, obs, carry, k, env_ids)[0]))(keys)
     off = np.mean(np.asarray(actions) != np.asarray(greedy)[None], axis=0)
@@ -230,8 +230,9 @@ def test_act_carries_are_per_row_and_acting_uses_the_online_params():
     rng = np.random.default_rng(0)
     env_ids = jnp.asarray(rng.permutation(n)[:16])
     obs = jnp.asarray(rng.normal(size=(16, 2)) * 2, jnp.float32)
-    carry = LSTMCarry(*jnp.asarray(rng.normal(size=(2, 16, H)), jnp.float32))
-    actions, next_carry, _ = agent.act(state, obs, carry, jax.random.PRNGKey(3), env_ids, explore=False)
+    carry = LSTMCarry(*map(jnp.asarray, rng.normal(size=(2, 16, H)).astype(np.float32)))
+    actions, next_carry, _ = jax.jit(lambda st, k: agent.act(st, obs, carry, k, env_ids, explore=False))(
+        state, jax.random.PRNGKey(3))
 
     apply = jax.jit(agent.network.apply)
     one = lambda p, r: apply(p, LSTMCarry(carry.c[r:r + 1], carry.h[r:r + 1]), obs[r][None, None], jnp.zeros((1, 1), bool))
@@ -239,8 +240,8 @@ def test_act_carries_are_per_row_and_acting_uses_the_online_params():
         c, q = one(state.params, r)
         np.testing.assert_allclose(np.asarray(next_carry.h[r]), np.asarray(c.h[0]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.asarray(next_carry.c[r]), np.asarray(c.c[0]), rtol=1e-5, atol=1e-6)
-        assert int(actions[r]) == int(jnp.argmax(q[0, 0]))
-    target_greedy = np.array([int(jnp.argmax(one(state.target_params, r)[1][0, 0])) for r in range(16)])
+        assert int(actions[r]) == int(np.argmax(np.asarray(q[0, 0])))
+    target_greedy = np.array([int(np.argmax(np.asarray(one(state.target_params, r)[1][0, 0]))) for r in range(16)])
     assert (target_greedy != np.asarray(actions)).sum() >= 2  # guard: the two nets disagree here
 
 
@@ -258,8 +259,9 @@ def nstep_abs_td_np(agent, cfg, params, target_params, data):
     start = (LSTMCarry(jnp.asarray(data["carry"].c[:, 0]), jnp.asarray(data["carry"].h[:, 0])) if cfg.stored_state
              else agent.initial_carry(batch))
     no_reset = jnp.zeros((length, batch), bool)
-    q = np.asarray(agent.network.apply(params, start, obs, no_reset)[1], np.float64)
-    qt = np.asarray(agent.network.apply(target_params, start, obs, no_reset)[1], np.float64)
+    apply = jax.jit(agent.network.apply)
+    q = np.asarray(apply(params, start, obs, no_reset)[1], np.float64)
+    qt = np.asarray(apply(target_params, start, obs, no_reset)[1], np.float64)
     r, a, rows = data["reward"].T.astype(np.float64), data["action"].T, np.arange(batch)
     b, n, g = cfg.burn_in, cfg.n_step, cfg.discount
     out = np.zeros((length - b - 1, batch))
@@ -340,7 +342,7 @@ def test_buffer_size_learning_starts_and_train_interval_reach_the_runner_surface
     `train_interval` and the buffer (buffer_size // num_envs steps per row) from the agent."""
     agent = make(buffer_size=4 * 75, learning_starts=1000, train_interval=3)
     assert agent.buffer.capacity_per_env == 75 and agent.train_interval == 3 and agent.learning_starts == 1000
-    bs = agent.buffer.init(agent.step_prototype(jnp.zeros(2)))
+    bs = jax.jit(agent.buffer.init)(agent.step_prototype(jnp.zeros(2)))
     assert bs.rows.data["reward"].shape == (E, 75)
     assert make(learning_starts=10).learning_starts == E * 12  # raised to num_envs * sequence_length
 
@@ -366,7 +368,7 @@ def test_network_matches_numpy_forward_pass(dueling, activation):
     assert jax.tree.map(jnp.shape, agent.initial_carry(3)) == LSTMCarry((3, lstm), (3, lstm))
     shapes = jax.eval_shape(agent.init, jax.random.PRNGKey(0), jnp.zeros(3)).params  # no init compile
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, x.dtype), shapes)
+    params = jax.tree.map(lambda x: jax.device_put((rng.normal(size=x.shape) * 0.5).astype(x.dtype)), shapes)
     p = params["params"]
     assert [p["torso"][f"Dense_{i}"]["kernel"].shape for i in range(len(hidden))] == [(3, 8), (8, 6)]
     assert p["core"]["lstm"]["cell"]["hi"]["kernel"].shape == (lstm, lstm)
@@ -374,7 +376,7 @@ def test_network_matches_numpy_forward_pass(dueling, activation):
     assert sorted(p["head"]) == sorted([f"{s}_{i}" for s in streams for i in range(len(head))]
                                        + [f"{s}_out" for s in streams])
     obs = jnp.asarray(rng.normal(size=(2, 3, 3)) * 2, jnp.float32)
-    carry = LSTMCarry(*jnp.asarray(rng.normal(size=(2, 3, lstm)), jnp.float32))
+    carry = LSTMCarry(*map(jnp.asarray, rng.normal(size=(2, 3, lstm)).astype(np.float32)))
     apply = jax.jit(lambda *a: agent.network.apply(*a, capture_intermediates=True, mutable=["intermediates"]))
     (_, q), inter = apply(params, carry, obs, jnp.zeros((2, 3), bool))
     inter = inter["intermediates"]
@@ -416,7 +418,7 @@ def updates(replay, optim, steps):
     params before it."""
     _, state, bs, _ = replay
     agent = make(**{**REPLAY, "optim": optim})
-    state = state.replace(opt_state=agent.optimizer.init(state.params))
+    state = state.replace(opt_state=jax.jit(agent.optimizer.init)(state.params))
     train = jax.jit(agent.train_step)
     grad_fn = jax.jit(jax.grad(lambda p, t, d, m, w: agent.sequence_loss(p, t, d, m, w)[0]))
     sample_fn = jax.jit(agent.buffer.sample, static_argnums=2)

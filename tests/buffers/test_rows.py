@@ -97,12 +97,16 @@ def test_rows_match_reference_under_async_writes(ops, seed):
     assert int(buf.size(state)) == sum(min(ref.written(e), T) for e in range(E))
 
 
+_rows_data = jax.jit(lambda state: state.data)
+
+
 def check_rows(state, ref: RowsRef, peeked):
     """written, every leaf of the storage and the latest step of every written row match the reference."""
     np.testing.assert_array_equal(state.written, [ref.written(e) for e in range(ref.E)])
+    data = jax.device_get(_rows_data(state))
     for key in ("x", "v", "done"):
-        want = ref.storage(key, np.zeros_like(np.asarray(state.data[key])))
-        np.testing.assert_array_equal(np.asarray(state.data[key]), want)
+        want = ref.storage(key, np.zeros_like(data[key]))
+        np.testing.assert_array_equal(data[key], want)
     for e in range(ref.E):
         if ref.written(e):
             assert peeked["x"][e] == ref.hist[e][-1]["x"]
@@ -140,9 +144,10 @@ def test_rows_scan_and_vmap_match_python_loop():
     def at(tree, t):
         return jax.tree_util.tree_map(lambda a: a[t], tree)
 
+    add, peek = jax.jit(buf.add), jax.jit(buf.peek)
     looped = buf.init(PROTO)
     for t in range(K):
-        looped = buf.add(looped, at(xs, t), ids[t], masks[t])
+        looped = add(looped, at(xs, t), ids[t], masks[t])
 
     def body(s, inp):
         steps, i, m = inp
@@ -158,10 +163,10 @@ def test_rows_scan_and_vmap_match_python_loop():
     jax.tree_util.tree_map(lambda b, one: np.testing.assert_array_equal(b[0], one), vscan, looped)
     looped2 = buf.init(PROTO)
     for t in range(K):
-        looped2 = buf.add(looped2, at(xs, K - 1 - t), ids[t], masks[t])
+        looped2 = add(looped2, at(xs, K - 1 - t), ids[t], masks[t])
     jax.tree_util.tree_map(lambda b, one: np.testing.assert_array_equal(b[1], one), vscan, looped2)
-    peeked = jax.vmap(buf.peek, in_axes=(0, None))(vscan, np.arange(E, dtype=np.int32))
-    np.testing.assert_array_equal(peeked["x"][0], buf.peek(looped, np.arange(E))["x"])
+    peeked = jax.jit(jax.vmap(buf.peek, in_axes=(0, None)))(vscan, np.arange(E, dtype=np.int32))
+    np.testing.assert_array_equal(np.asarray(peeked["x"])[0], peek(looped, np.arange(E))["x"])
 
 
 def test_rows_donated_add_is_in_place():
@@ -237,9 +242,10 @@ def test_masked_entries_write_nothing_even_with_garbage_ids():
     before = state
     state = jax.jit(buf.add)(state, steps, np.array([1, 1, 99], np.int32), np.array([True, False, False]))
     assert list(np.asarray(state.rows.written)) == [0, 1, 0]
-    assert int(state.rows.data["x"][1, 0]) == 7
-    assert int(np.sum(np.asarray(state.rows.data["x"]) != 0)) == 1
-    assert float(state.weights.tree.levels[-1][E * T]) == 0.0  # the dummy leaf stays empty
+    x = np.asarray(_rows_data(state.rows)["x"])
+    assert int(x[1, 0]) == 7
+    assert int(np.sum(x != 0)) == 1
+    assert float(np.asarray(state.weights.tree.levels[-1])[E * T]) == 0.0  # the dummy leaf stays empty
     np.testing.assert_array_equal(np.asarray(before.weights.done), np.asarray(state.weights.done))
 
 
@@ -259,7 +265,7 @@ def test_gather_reads_steps_and_windows_like_numpy_indexing(window):
         steps = {"x": rng.integers(0, 99, E).astype(np.int32), "v": rng.normal(size=(E, 2)).astype(np.float32),
                  "done": rng.random(E) < 0.5}
         state = write(state, steps, ids)
-    data = jax.tree_util.tree_map(np.asarray, state.data)
+    data = jax.device_get(_rows_data(state))
     if window > 1:
         assert len(state.storage) == 3 and all(x.shape[:2] == (E, T + L - 1) for x in state.storage)
         for x in state.storage:
@@ -276,12 +282,12 @@ def test_smallest_rows_hold_one_step_of_one_env_and_empty_sizes_are_rejected():
     """num_envs = capacity_per_env = 1 is a valid buffer (each add replaces the one step); 0 of either fails
     naming both sizes."""
     buf = make_row_buffer(1, 1)
-    state = buf.init(PROTO)
+    state, add = buf.init(PROTO), jax.jit(buf.add)
     for i in range(3):
-        state = buf.add(state, {"x": np.array([i], np.int32), "v": np.zeros((1, 2), np.float32),
-                                "done": np.array([False])}, np.array([0], np.int32))
-    assert int(state.written[0]) == 3 and int(buf.size(state)) == 1
-    assert int(buf.peek(state, np.array([0], np.int32))["x"][0]) == 2
+        state = add(state, {"x": np.array([i], np.int32), "v": np.zeros((1, 2), np.float32),
+                            "done": np.array([False])}, np.array([0], np.int32))
+    assert int(np.asarray(state.written)[0]) == 3 and int(jax.jit(buf.size)(state)) == 1
+    assert int(np.asarray(jax.jit(buf.peek)(state, np.array([0], np.int32))["x"])[0]) == 2
     for e, t in ((0, 4), (4, 0)):
         with pytest.raises(ValueError, match="num_envs >= 1 and capacity_per_env >= 1"):
             make_row_buffer(e, t)

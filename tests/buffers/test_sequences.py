@@ -130,7 +130,7 @@ def check_sequences(sample, ref: SeqRef, weights: np.ndarray | None, x_key="x"):
 
 def jitted(buf) -> SimpleNamespace:
     """The buffer's ops, each jitted once (tests reuse them across calls and hypothesis examples)."""
-    names = ["add", "set_priorities", "can_sample", "consume_online", "can_sample_online", "peek"]
+    names = ["add", "set_priorities", "can_sample", "consume_online", "can_sample_online", "peek", "weights"]
     ops = {n: jax.jit(getattr(buf, n)) for n in names}
     for n in ("sample", "sample_starts", "sample_online"):
         ops[n] = jax.jit(getattr(buf, n), static_argnums=2)
@@ -139,9 +139,8 @@ def jitted(buf) -> SimpleNamespace:
 
 
 @functools.cache
-def fns(i: int):
-    j = jitted(make_sequence_buffer(E, T, L, **CONFIGS[i]))
-    return j.buf, j.add, j.sample, j.set_priorities
+def fns(i: int) -> SimpleNamespace:
+    return jitted(make_sequence_buffer(E, T, L, **CONFIGS[i]))
 
 
 def op_strategy():
@@ -155,7 +154,8 @@ def op_strategy():
 def test_sequences_match_reference(cfg, ops, seed):
     """Weights, remaining lengths and samples agree with the reference after every operation, across
     wrap-around, uneven rows (random env subsets in random order) and episode boundaries."""
-    buf, add, sample, set_prio = fns(cfg)
+    j = fns(cfg)
+    buf, add, sample, set_prio = j.buf, j.add, j.sample, j.set_priorities
     rng = np.random.default_rng(seed)
     state, ref = buf.init(PROTO), SeqRef(CONFIGS[cfg])
     for kind, arg, mask in ops:
@@ -172,13 +172,13 @@ def test_sequences_match_reference(cfg, ops, seed):
         elif kind == "sample":
             w = ref.weights()
             s = sample(state, jax.random.key(arg), 8)
-            assert bool(buf.can_sample(state)) == (w.sum() > 0)
+            assert bool(j.can_sample(state)) == (w.sum() > 0)
             if w.sum() > 0:
                 check_sequences(s, ref, w)
             else:
                 assert not np.asarray(s.mask).any() and not np.asarray(s.probabilities).any()
     w = ref.weights()
-    np.testing.assert_allclose(np.asarray(jax.jit(buf.weights)(state)), w, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(j.weights(state)), w, rtol=1e-5, atol=1e-7)
     if buf.counted:
         assert state.weights is None  # counted: no per-slot state
     else:
@@ -214,7 +214,7 @@ def test_r2d2_periodic_starts_long_run(capacity):
             state = set_prio(state, slots, p)
             ref.set_priorities(slots, p)
     w = ref.weights()
-    np.testing.assert_allclose(np.asarray(buf.weights(state)), w, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(buf.weights)(state)), w, rtol=1e-5)
     check_sequences(sample(state, jax.random.key(0), 256), ref, w)
 
 
@@ -377,12 +377,14 @@ def test_jit_scan_vmap_of_every_op():
 
     keys = jax.random.split(jax.random.key(0), 2)
     vs, vout = jax.jit(jax.vmap(run))(keys)
+    batched = jax.tree_util.tree_leaves(jax.device_get((vs, vout)))  # NumPy: indexed below without a compile
+    run_one = jax.jit(run)
     for i in range(2):
-        s1, out1 = jax.jit(run)(keys[i])
-        for b, one in zip(jax.tree_util.tree_leaves((vs, vout)), jax.tree_util.tree_leaves((s1, out1))):
+        s1, out1 = run_one(keys[i])
+        for b, one in zip(batched, jax.tree_util.tree_leaves((s1, out1))):
             np.testing.assert_array_equal(b[i], one)
     consumed = jax.jit(jax.vmap(buf.consume_online))(vs)
-    assert not np.asarray(jax.vmap(buf.can_sample_online)(consumed)).any()
+    assert not np.asarray(jax.jit(jax.vmap(buf.can_sample_online))(consumed)).any()
 
 
 def test_the_last_slot_keeps_its_weight_when_the_slots_fill_whole_tree_blocks():
@@ -444,11 +446,11 @@ def test_counted_sample_probabilities_are_the_weights_normalised_for_rows_shorte
     its weight over the sum of all weights, the slots of the per-slot view (`weights`)."""
     L = 6
     buf = make_sequence_buffer(3, 20, L, period=period, length_power=1.0, cross_episodes=True)
-    state = buf.init({"x": np.int32(0), "done": False})
+    state, add = buf.init({"x": np.int32(0), "done": False}), jax.jit(buf.add)
     for t, ids in enumerate([[0, 1, 2], [0, 1, 2], [0, 2], [0, 2], [0], [0], [0], [0], [0]]):
-        state = buf.add(state, {"x": np.full(len(ids), t, np.int32), "done": np.zeros(len(ids), bool)},
-                        np.array(ids, np.int32))
-    weights = np.asarray(buf.weights(state))  # rows hold 9, 2 and 4 steps
+        state = add(state, {"x": np.full(len(ids), t, np.int32), "done": np.zeros(len(ids), bool)},
+                    np.array(ids, np.int32))
+    weights = np.asarray(jax.jit(buf.weights)(state))  # rows hold 9, 2 and 4 steps
     assert weights.reshape(3, 20)[1, 0] == 2.0 and weights.reshape(3, 20)[2, 0] == 4.0
     sample = jax.jit(buf.sample, static_argnums=2)(state, jax.random.key(0), 256)
     slots = np.asarray(sample.slots)

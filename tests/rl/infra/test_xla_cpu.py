@@ -6,8 +6,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.interpreters import mlir
-from jax._src.random import threefry2x32 as threefry
 
 from agents.setup import setup
 from rl.infra import xla_cpu
@@ -25,11 +23,11 @@ def _compiled(fn, key):
 
 
 def test_unrolled_threefry_same_bits_no_loop():
-    setup()  # what every entry point runs first (tests/conftest.py too)
+    setup.__wrapped__()  # what every entry point runs first (the suite's tests default to the rolled lowering)
     key = jax.random.PRNGKey(3)
     unrolled = _compiled(_draws, key)
     assert "while" not in unrolled.as_text()
-    mlir.register_lowering(threefry.threefry2x32_p, threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
+    assert xla_cpu.unroll_threefry(False)
     try:
         rolled = _compiled(lambda k: _draws(k), key)  # a new function: traced and lowered again
         assert "while" in rolled.as_text()

@@ -70,10 +70,15 @@ def _agent(name: str, values: dict | None = None):
                       total_steps=TOTAL_STEPS)
 
 
+@jax.jit
+def _jitter(x, key):
+    return x + 0.1 * jax.random.normal(key, x.shape, x.dtype)
+
+
 def _jittered(params, seed: int):
     leaves, treedef = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.PRNGKey(100 + seed), len(leaves))
-    return treedef.unflatten([x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+    return treedef.unflatten([_jitter(x, k) for x, k in zip(leaves, keys)])
 
 
 @functools.cache
@@ -83,12 +88,12 @@ def _filled(name: str):
     steps per env (episodes ending now and then)."""
     agent = _agent(name)
     key = jax.random.PRNGKey(0)
-    state = agent.init(key, jnp.zeros(OBS))
+    state = jax.jit(agent.init)(key, jnp.zeros(OBS))
     jitter = {f: _jittered(getattr(state, f), i) for i, f in enumerate(("params", "target_params"))}
     state = state.replace(**jitter)
-    buffer_state = agent.buffer.init(agent.step_prototype(jnp.zeros(OBS)))
+    buffer_state = jax.jit(lambda: agent.buffer.init(agent.step_prototype(jnp.zeros(OBS))))()
     carry, env_ids = agent.initial_carry(NUM_ENVS), jnp.arange(NUM_ENVS)
-    act = jax.jit(agent.act)
+    act, add = jax.jit(agent.act), jax.jit(agent.buffer.add)
     obs = jax.random.normal(key, (NUM_ENVS, *OBS))
     for t in range(ROWS_T):
         k_act, k_obs, k_r, k_done = jax.random.split(jax.random.fold_in(key, t), 4)
@@ -97,7 +102,7 @@ def _filled(name: str):
         done = jax.random.uniform(k_done, (NUM_ENVS,))
         step = agent.make_step(obs, action, jax.random.normal(k_r, (NUM_ENVS,)), done < 0.1,
                                (done >= 0.1) & (done < 0.15), next_obs, carry, extras)
-        buffer_state = agent.buffer.add(buffer_state, step, env_ids)
+        buffer_state = add(buffer_state, step, env_ids)
         obs, carry = next_obs, next_carry
     return state, buffer_state, obs, carry
 
@@ -130,7 +135,7 @@ def _program(name: str, agent, traced: bool):
 
 
 def _hparams(values: dict) -> dict:
-    return {k: jnp.float32(v) for k, v in values.items()}
+    return {k: np.float32(v) for k, v in values.items()}
 
 
 @pytest.mark.parametrize("name", list(VALUES))

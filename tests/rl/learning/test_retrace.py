@@ -7,6 +7,8 @@ import pytest
 
 from rl.learning.retrace import RetraceTargets, retrace_coefficients, retrace_targets
 
+targets_jit = jax.jit(retrace_targets, static_argnames="discount")  # one compile per shape and discount
+
 
 def retrace_loop(q, v, r, term, trunc, valid, c, gamma):
     """Q^ret(s_t, a_t) = q_t + sum_{s>=t} (prod_{i=t}^{s-1} gamma_i c_{i+1}) (r_s + gamma_s v_{s+1} - q_s),
@@ -67,7 +69,7 @@ def test_retrace_matches_python_loop(seed):
     rng = np.random.default_rng(seed)
     T, gamma = 23, 0.97
     seq = random_sequence(rng, T)
-    out = retrace_targets(*(jnp.asarray(x) for x in seq), discount=gamma)
+    out = targets_jit(*(jnp.asarray(x) for x in seq), discount=gamma)
     G, V, mask = retrace_loop(*seq, gamma)
     np.testing.assert_array_equal(np.asarray(out.mask), mask)
     assert mask.any()
@@ -94,7 +96,7 @@ def test_episode_ends_and_lambda_zero_give_one_step_targets():
     term = jnp.array([False, True, False, False, False])
     trunc = jnp.array([False, False, False, True, False])
     valid = jnp.ones(5, bool)
-    out = retrace_targets(q, v, r, term, trunc, valid, jnp.zeros(5), discount=0.5)
+    out = targets_jit(q, v, r, term, trunc, valid, jnp.zeros(5), discount=0.5)
     np.testing.assert_array_equal(out.mask, [True, True, True, False, False])
     np.testing.assert_allclose(out.q[:3], [0.5 + 0.5 * 2.0, 0.5, 0.5 + 0.5 * 4.0])
 
@@ -105,7 +107,7 @@ def test_on_policy_full_trace_is_the_discounted_return_within_an_episode():
     v = jnp.arange(T, dtype=jnp.float32)
     r = jnp.ones(T)
     none = jnp.zeros(T, bool)
-    out = retrace_targets(v, v, r, none, none, jnp.ones(T, bool), jnp.ones(T), discount=gamma)
+    out = targets_jit(v, v, r, none, none, jnp.ones(T, bool), jnp.ones(T), discount=gamma)
     expected0 = sum(gamma**k for k in range(T - 1)) + gamma ** (T - 1) * float(v[-1])
     assert float(out.q[0]) == pytest.approx(expected0, rel=1e-5)
     assert float(out.v[0]) == pytest.approx(expected0, rel=1e-5)

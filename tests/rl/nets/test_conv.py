@@ -41,22 +41,31 @@ CASES = [
 def test_conv_matches_nn_conv(shape, features, kernel, stride, padding):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 3) + shape)  # two leading dims, flattened like nn.Conv
     ref = nn.Conv(features, (kernel, kernel), strides=stride, padding=padding)
-    params = ref.init(jax.random.PRNGKey(1), x)
+    params = jax.jit(ref.init)(jax.random.PRNGKey(1), x)
+
+    def outputs(m):
+        """m's init from the same key, output, gradients, and the differentiated forward pass's value next to
+        the plain loss: each computed on its own, all jitted together."""
+        def loss(p, x):
+            return jnp.sum(jnp.sin(m.apply(p, x)))
+
+        def run(p, x):
+            return (m.init(jax.random.PRNGKey(1), x), m.apply(p, x), jax.grad(loss, argnums=(0, 1))(p, x),
+                    jax.value_and_grad(loss)(p, x)[0], loss(p, x))
+
+        return jax.jit(run)(params, x)
+
+    _, ref_y, ref_g, _, ref_loss = outputs(ref)
     for impl in ("fast", "native", "auto"):
-        mod = Conv(features, (kernel, kernel), strides=stride, padding=padding, impl=impl)
-        mine = mod.init(jax.random.PRNGKey(1), x)
+        mine, y, g, value, _ = outputs(Conv(features, (kernel, kernel), strides=stride, padding=padding, impl=impl))
         # Same tree, shapes and init values: checkpoints and param counts are unchanged.
         assert jax.tree_util.tree_structure(mine) == jax.tree_util.tree_structure(params)
         for a, b in zip(jax.tree_util.tree_leaves(mine), jax.tree_util.tree_leaves(params)):
             np.testing.assert_array_equal(a, b)
-
-        def loss(m):
-            return lambda p, x: jnp.sum(jnp.sin(m.apply(p, x)))
-
-        _close(mod.apply(params, x), ref.apply(params, x))
-        _close(jax.grad(loss(mod), argnums=(0, 1))(params, x), jax.grad(loss(ref), argnums=(0, 1))(params, x))
+        _close(y, ref_y)
+        _close(g, ref_g)
         # The differentiated forward pass (im2col on the fast path) has the same value too.
-        _close(jax.value_and_grad(loss(mod))(params, x)[0], loss(ref)(params, x))
+        _close(value, ref_loss)
 
 
 def test_conv2d_under_jit_vmap_and_scan():
@@ -85,9 +94,9 @@ def test_max_pool_matches_native_with_ties(window, strides, padding):
 
     fast = jax.jit(lambda x: max_pool(x, window, strides, padding, impl="fast"))  # one program, not 144 taps' ops
     y = fast(x)
-    np.testing.assert_array_equal(y.reshape((-1,) + y.shape[2:]), ref(x))
+    np.testing.assert_array_equal(y.reshape((-1,) + y.shape[2:]), jax.jit(ref)(x))
     g = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(fast(x)) * jnp.arange(4))))(x)
-    g_ref = jax.grad(lambda x: jnp.sum(jnp.sin(ref(x)) * jnp.arange(4)))(x)
+    g_ref = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(ref(x)) * jnp.arange(4))))(x)
     np.testing.assert_array_equal(g, g_ref)
 
 
@@ -100,7 +109,7 @@ def test_torsos_fast_path_equals_native(make, shape):
     """The torsos give the same features and gradients on the fast path as with native convs."""
     torso = make()
     x = jax.random.randint(jax.random.PRNGKey(0), (2, 2) + shape, 0, 256).astype(jnp.uint8)
-    params = torso.init(jax.random.PRNGKey(1), x)
+    params = jax.jit(torso.init)(jax.random.PRNGKey(1), x)
 
     def loss(p):
         return jnp.sum(jnp.tanh(torso.apply(p, x)))
@@ -115,7 +124,7 @@ def test_torsos_fast_path_equals_native(make, shape):
 
 def _grad_jaxpr(torso, shape):
     x = jnp.zeros((2,) + shape)
-    params = torso.init(jax.random.PRNGKey(0), x)
+    params = jax.eval_shape(torso.init, jax.random.PRNGKey(0), x)  # only shapes: the jaxpr needs no values
     return str(jax.make_jaxpr(jax.grad(lambda p: torso.apply(p, x).sum()))(params))
 
 
@@ -152,21 +161,24 @@ def test_impala_torso_equals_the_paper_architecture_in_plain_jax():
     then relu, flatten, dense, relu. Pixels scaled to [0, 1]."""
     torso = ImpalaCNN((4, 8), 16)
     x = jax.random.randint(jax.random.PRNGKey(0), (2, 11, 11, 3), 0, 256).astype(jnp.uint8)
-    params = torso.init(jax.random.PRNGKey(1), x)["params"]
+    params = jax.jit(torso.init)(jax.random.PRNGKey(1), x)["params"]
 
     def conv(p, h):
         out = jax.lax.conv_general_dilated(h, p["kernel"], (1, 1), "SAME",
                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return out + p["bias"]
 
-    h = x.astype(jnp.float32) / 255.0
-    convs, blocks = (params[f"Conv_{i}"] for i in range(2)), iter(params[f"ResidualBlock_{i}"] for i in range(4))
-    for p in convs:
-        h = conv(p, h)
-        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
-        for _ in range(2):
-            b = next(blocks)
-            h = h + conv(b["Conv_1"], jax.nn.relu(conv(b["Conv_0"], jax.nn.relu(h))))
-    h = jax.nn.relu(h).reshape(2, -1)
-    ref = jax.nn.relu(h @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
-    _close(torso.apply({"params": params}, x), ref)
+    @jax.jit
+    def paper(params, x):
+        h = x.astype(jnp.float32) / 255.0
+        convs, blocks = (params[f"Conv_{i}"] for i in range(2)), iter(params[f"ResidualBlock_{i}"] for i in range(4))
+        for p in convs:
+            h = conv(p, h)
+            h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+            for _ in range(2):
+                b = next(blocks)
+                h = h + conv(b["Conv_1"], jax.nn.relu(conv(b["Conv_0"], jax.nn.relu(h))))
+        h = jax.nn.relu(h).reshape(2, -1)
+        return jax.nn.relu(h @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
+
+    _close(jax.jit(torso.apply)({"params": params}, x), paper(params, x))

@@ -12,8 +12,12 @@ from rl.nets.networks import MLP, NetworkConfig, QHead, _ConvTorso, channels_fir
 
 
 def _init_apply(net, obs):
-    params = net.init(jax.random.PRNGKey(0), obs)
-    return params, net.apply(params, obs)
+    """net's params from key 0 and its output on obs, as one jitted program."""
+    def init_apply(key, obs):
+        params = net.init(key, obs)
+        return params, net.apply(params, obs)
+
+    return jax.jit(init_apply)(jax.random.PRNGKey(0), obs)
 
 
 @pytest.mark.parametrize("shape, dtype, kind, convs", [
@@ -28,7 +32,7 @@ def test_torso_by_rank_and_leading_dims(shape, dtype, kind, convs):
     assert isinstance(torso, kind)
     if convs is not None:
         assert len(torso.convs) == convs
-    obs = jnp.zeros((2, 3) + shape, dtype)
+    obs = np.zeros((2, 3) + shape, dtype)
     _, feats = _init_apply(torso, obs)
     assert feats.shape == (2, 3, 16 if kind is MLP else 64)
 
@@ -58,9 +62,9 @@ def test_nature_cnn_layout_and_scaling():
     first = make_torso((4, 84, 84), cfg)
     x = jax.random.randint(jax.random.PRNGKey(1), (2, 84, 84, 4), 0, 256).astype(jnp.uint8)
     params, y_last = _init_apply(last, x)
-    y_first = first.apply(params, jnp.transpose(x, (0, 3, 1, 2)))
+    y_first = jax.jit(lambda p, x: first.apply(p, jnp.transpose(x, (0, 3, 1, 2))))(params, x)
     np.testing.assert_allclose(y_last, y_first, rtol=1e-5, atol=1e-5)
-    y_float = last.apply(params, x.astype(jnp.float32) / 255.0)
+    y_float = jax.jit(lambda p, x: last.apply(p, x.astype(jnp.float32) / 255.0))(params, x)
     np.testing.assert_allclose(y_last, y_float, rtol=1e-5, atol=1e-5)
     # The Nature stack (Mnih et al. 2015): 32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1 (84 -> 20 -> 9 -> 7
     # spatial), 64 channels into the dense layer.
@@ -73,18 +77,22 @@ def test_dueling_head_identifiable():
     head = QHead(num_actions=5, hidden=(8,), dueling=True)
     feats = jax.random.normal(jax.random.PRNGKey(0), (6, 3))
     params, q = _init_apply(head, feats)
-    value = head.apply(params, feats, method=lambda m, x: m.__call__(x).mean(-1))
+    value = jax.jit(lambda p, x: head.apply(p, x, method=lambda m, x: m.__call__(x).mean(-1)))(params, feats)
+
     # Q = V + A - mean(A): the mean over actions of Q is V (the value stream).
-    p = params["params"]
-    h = jax.nn.relu(feats @ p["value_0"]["kernel"] + p["value_0"]["bias"])
-    v = (h @ p["value_out"]["kernel"] + p["value_out"]["bias"])[:, 0]
+    @jax.jit
+    def value_stream(p, feats):
+        h = jax.nn.relu(feats @ p["value_0"]["kernel"] + p["value_0"]["bias"])
+        return (h @ p["value_out"]["kernel"] + p["value_out"]["bias"])[:, 0]
+
+    v = value_stream(params["params"], feats)
     np.testing.assert_allclose(value, v, rtol=1e-5, atol=1e-6)
     assert q.shape == (6, 5)
 
 
 def test_q_network_shapes():
     net = make_q_network((6,), 3, NetworkConfig(hidden_sizes=[32], head_hidden=[16], dueling=True))
-    _, q = _init_apply(net, jnp.ones((7, 6)))
+    _, q = _init_apply(net, np.ones((7, 6), np.float32))
     assert q.shape == (7, 3)
 
 

@@ -28,10 +28,15 @@ def compose_cfg(*overrides):
         return compose("config", overrides=["agent=dqn", "env=envpool/cartpole", "logger=none", *overrides])
 
 
+@jax.jit
+def _rows(rows):
+    return rows.data, rows.written
+
+
 def rows_of(buffer_state):
     """{field: [E, T, ...]} and written [E] of a DQN (n-step) buffer state, as NumPy."""
-    rows = buffer_state.rows
-    return jax.tree_util.tree_map(np.asarray, rows.data), np.asarray(rows.written)
+    data, written = _rows(buffer_state.rows)
+    return jax.tree_util.tree_map(np.asarray, data), np.asarray(written)
 
 
 FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
@@ -53,10 +58,10 @@ def test_env_id_writes_match_reference_whatever_the_recv_order():
                            obs_dtype=np.dtype(np.float32), num_actions=2, atari=False)
     agent = make_agent(agent_config(cfg.agent), obs_shape=(4,), obs_dtype=np.float32, num_actions=2, num_envs=E)
     rollout, learner = Rollout(agent, source, recvs_per_chunk=1, use_xla=False), Learner(agent, E)
-    agent_state = agent.init(jax.random.PRNGKey(0), np.zeros(4, np.float32))
-    buffer_state = agent.buffer.init(agent.step_prototype(np.zeros(4, np.float32)))
+    agent_state = jax.jit(agent.init)(jax.random.PRNGKey(0), np.zeros(4, np.float32))
+    buffer_state = jax.jit(lambda: agent.buffer.init(agent.step_prototype(np.zeros(4, np.float32))))()
     key = jax.random.PRNGKey(1)
-    tracker = new_tracker(agent, agent_state, source)
+    tracker = jax.jit(lambda state: new_tracker(agent, state, source))(agent_state)
 
     rng = np.random.default_rng(0)
     seen = np.zeros(E, int)  # recvs per env so far

@@ -311,6 +311,11 @@ def test_logged_episode_means_match_the_scripted_envs(scripted_run):
     assert res["env_steps"] == CHUNKS * 6
 
 
+def unpacked(rows):
+    """`rows.data` (a row buffer's items unpacked, `[E, T, ...]`) as NumPy, unpacked in one program."""
+    return jax.device_get(jax.jit(lambda r: r.data)(rows))
+
+
 def test_env_rows_and_episode_statistics_follow_env_ids(scripted_run):
     """With shuffled, partial recvs (3 of 6 envs, any order), every env's buffer row holds exactly its own
     transitions in order (checked against the scripted record; the version stored is the one that chose the
@@ -319,11 +324,12 @@ def test_env_rows_and_episode_statistics_follow_env_ids(scripted_run):
     assert len({tuple(recv.env_id) for recv, _ in log}) > len(log) // 2
     ref, _ = reference(log)
     rows = jax.device_get(res["state"].buffer)
+    data = unpacked(rows)
     for e in range(E6):
         n = int(rows.written[e])
         assert n == len(ref[e]) > 3, e
         for i, (obs, action, reward, term, trunc, next_obs) in enumerate(ref[e]):
-            d = {k: v[e, i] for k, v in rows.data.items()}
+            d = {k: v[e, i] for k, v in data.items()}
             np.testing.assert_array_equal(d["obs"], obs)
             np.testing.assert_array_equal(d["next_obs"], next_obs)
             assert (d["action"], d["reward"], d["terminated"], d["truncated"]) == (action, reward, term, trunc)
@@ -360,15 +366,16 @@ def test_two_actor_threads_write_their_own_rows(monkeypatch):
 
     state, _, _ = within(120, train)
     rows = jax.device_get(state.buffer)
+    data = unpacked(rows)
     for i, seed in enumerate((3, 7)):
         ref, _ = reference(pools[seed].log[:4 * 2])
         for e in range(4):
             n = int(rows.written[4 * i + e])
             assert n == len(ref.get(e, [])), (i, e)
             for t, (obs, action, reward, _, _, next_obs) in enumerate(ref.get(e, [])):
-                np.testing.assert_array_equal(rows.data["obs"][4 * i + e, t], obs)
-                np.testing.assert_array_equal(rows.data["next_obs"][4 * i + e, t], next_obs)
-                assert rows.data["reward"][4 * i + e, t] == reward
+                np.testing.assert_array_equal(data["obs"][4 * i + e, t], obs)
+                np.testing.assert_array_equal(data["next_obs"][4 * i + e, t], next_obs)
+                assert data["reward"][4 * i + e, t] == reward
     assert rows.written[:4].sum() > 0 and rows.written[4:].sum() > 0
 
 
