@@ -76,8 +76,8 @@ def pytest_runtest_setup(item):
     """Tests marked `optimized` or `slow` (and their fixtures, and the processes they start) compile with XLA's
     default options and the unrolled threefry of every run (rl/infra/xla_cpu.py); the others without LLVM's
     optimisations (the default set at the top) and with jax's rolled threefry, the same bits in programs that
-    compile ~25% faster (tests/rl/infra/test_xla_cpu.py compares the bits; a test that inspects a compiled
-    program's kernels unrolls it itself)."""
+    compile ~25% faster (tests/rl/infra/test_xla_cpu.py compares the bits; kernel counts against a target run in
+    a process set up as a user's, or unroll it themselves)."""
     import jax
 
     optimized = any(item.iter_markers("optimized")) or any(item.iter_markers("slow"))
