@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
@@ -49,7 +50,10 @@ def make_optimizer(cfg: OptimConfig, lr=None, run_updates: int | None = None) ->
             raise ValueError("optim.lr_schedule=linear with optim.lr_decay_updates=0 decays over the whole run, "
                              "which only a run knows: build the agent with total_steps (agents.make_agent; "
                              "agents.experiment.build does) or set optim.lr_decay_updates > 0")
-        lr = optax.linear_schedule(lr, lr * cfg.lr_end_fraction, decay)
+        start, end = lr, lr * cfg.lr_end_fraction
+        line = optax.linear_schedule(start, end, decay)
+        # Clamped to [start, end]: compiled, optax's interpolation can end a hair past `end` (-9e-12 for 0).
+        lr = lambda count: jnp.clip(line(count), jnp.minimum(start, end), jnp.maximum(start, end))
     if cfg.name == "adam":
         opt = optax.adam(lr, eps=cfg.eps)
     elif cfg.name == "adamw":

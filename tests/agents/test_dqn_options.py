@@ -346,16 +346,16 @@ def _np_updates(name, lr, eps, weight_decay, max_grad_norm, clip_after=False):
     return np.stack(out)
 
 
-def _run_optimizer(opt, grads=_GRADS, jit=True):
-    """The updates `opt` makes on `grads` from _PARAMS; `jit=False` runs it op by op."""
+def _run_optimizer(opt, grads=_GRADS):
+    """The updates `opt` makes on `grads` from _PARAMS (compiled, as a run's train step is)."""
     params = {"w": jnp.asarray(_PARAMS, jnp.float32)}
-    state, out = (jax.jit(opt.init) if jit else opt.init)(params), []
+    state, out = jax.jit(opt.init)(params), []
 
     def step(g, state, params):
         u, state = opt.update(g, state, params)
         return u, state, optax.apply_updates(params, u)
 
-    step = jax.jit(step) if jit else step
+    step = jax.jit(step)
 
     for g in grads:
         u, state, params = step({"w": jnp.asarray(g, jnp.float32)}, state, params)
@@ -421,7 +421,7 @@ def test_lr_decay_updates_0_decays_over_the_whole_run(tmp_path):
     lr = agent.cfg.optim.lr
     # Adam on constant grads: the lr itself. Op by op, the lr is exactly 0 once decayed (under jit, optax's
     # linear schedule ends at about -1e-11, which atol=1e-12 would refuse).
-    steps = -_run_optimizer(agent.optimizer, [np.ones(4)] * 28, jit=False)[:, 0]
+    steps = -_run_optimizer(agent.optimizer, [np.ones(4)] * 28)[:, 0]
     np.testing.assert_allclose(steps, [lr * max(1 - k / 26, 0) for k in range(28)], rtol=1e-4, atol=1e-12)
     assert build(compose_cfg([*common, "agent.optim.lr_decay_updates=7"])).agent.cfg.optim.lr_decay_updates == 7
     with pytest.raises(ValueError, match="lr_decay_updates=0 decays over the whole run"):
