@@ -88,7 +88,8 @@ print(json.dumps(report))
 
 
 def _probe(modules: list[str], code: str = PROBE) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    # A user's process: under the suite's JAX_DISABLE_MOST_OPTIMIZATIONS=1 set-up keeps jax's threefry lowering.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="0")
     proc = subprocess.run([sys.executable, "-c", code, *modules], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,8 +4,10 @@
   to compile), so every `split`, `uniform` or `randint` becomes a loop of tiny kernels, each paying XLA:CPU's
   per-kernel dispatch. The unrolled lowering (jax's own, the one it uses on GPU/TPU) computes the same bits in
   a few fused kernels (`python -m scripts.bench_train` measures it). Process-wide: agents.setup.setup applies it
-  (never an import), so every run and benchmark of a process set up so gets it; a jax without the private hooks
-  used here keeps its default (a speed difference only).
+  (never an import), so every run and benchmark of a process set up so gets it, unless the process asked jax for
+  unoptimised programs (`JAX_DISABLE_MOST_OPTIMIZATIONS=1`, as the test suite does), where the rolled loop's
+  faster compile is what counts; a jax without the private hooks used here keeps its default (a speed
+  difference only).
 * `loop_options()`: compiler options for the runners' programs. XLA's default copy insertion copies
   loop-carried values (parameters, env state, episode sums) that a `while` body reads after writing their new
   values; its region-based analysis (`xla_cpu_copy_insertion_use_region_analysis`) proves most of those copies
