@@ -6,7 +6,6 @@ DQN config for fast runs."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import tempfile
@@ -34,10 +33,6 @@ TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_disable_hlo_passes=
                   "--xla_cpu_parallel_codegen_split_count=1")
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
-# A worker's heap grows to millions of objects (jax's caches of traced and compiled programs), and tracing
-# allocates fast: with Python's default thresholds (700, 10, 10) the collector's full passes over that heap took
-# ~10% of the agent tests' CPU time. A young generation of 20k objects makes full passes rare (~0.3 s left).
-gc.set_threshold(20_000, 10, 10)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 

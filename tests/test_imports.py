@@ -6,9 +6,9 @@ One fresh Python imports every module in turn (PROBE) and, around each import, c
 (what it gains must be modules, none of a project class, none without a spec standing in for a module the
 import system would load: no stand-ins), the warnings filters project code adds (`warnings.filterwarnings`
 and `simplefilter` called from a project module; third-party libraries add their own on import, jax and scipy
-among them), every logger's level and filters, jax's config values and its CPU lowering of threefry, and
-hydra's ConfigStore (its nodes and the class's `__deepcopy__`); jax and hydra are loaded first, so that
-their own import is the baseline."""
+among them), every logger's level and filters, jax's config values and its CPU lowering of threefry, the
+garbage collector's thresholds, and hydra's ConfigStore (its nodes and the class's `__deepcopy__`); jax and
+hydra are loaded first, so that their own import is the baseline."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffi
                  for folder in ("buffers", "rl", "agents") for p in (ROOT / folder).rglob("*.py"))
 
 PROBE = r'''
-import importlib, json, logging, sys, types, warnings
+import gc, importlib, json, logging, sys, types, warnings
 from importlib.machinery import PathFinder
 
 PROJECT = ("rl", "agents", "buffers")
@@ -46,6 +46,7 @@ def state():
     out["loggers"] = {n: [l.level, [type(f).__name__ for f in l.filters], l.disabled]
                       for n, l in loggers.items() if l.level or l.filters or l.disabled}
     out["jax"] = {k: repr(v) for k, v in jax.config.values.items()}
+    out["gc"] = list(gc.get_threshold())
     out["threefry"] = repr(jax._src.interpreters.mlir._platform_specific_lowerings["cpu"].get(
         jax._src.random.threefry2x32.threefry2x32_p))
     store = hydra.core.config_store.ConfigStore
@@ -110,6 +111,6 @@ def test_compose_sets_the_process_up_with_no_import_first():
     code = PROBE.replace("importlib.import_module(name)",
                          "assert importlib.import_module(name).compose(['agent=r2d2']).agent.name == 'r2d2'")
     diff = _probe(["agents.setup"], code)["agents.setup"]
-    assert {"filters", "loggers", "threefry", "config_store", "deepcopy", "sys.modules"} <= set(diff), sorted(diff)
+    assert {"filters", "loggers", "threefry", "gc", "config_store", "deepcopy", "sys.modules"} <= set(diff), sorted(diff)
     assert {"seaborn", "matplotlib.pyplot"} <= set(diff["sys.modules"])
     assert "base_config.yaml" in diff["config_store"][1] and "agent/dqn.yaml" in diff["config_store"][1]
