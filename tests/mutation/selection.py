@@ -21,7 +21,8 @@ LIBRARY = ("buffers", "rl", "agents")
 # Test files (in order) of the modules the import rule does not serve: those no test file imports, tested
 # through the module that uses them, and the three that most of the suite imports (their own tests only, so
 # that a mutant's run takes minutes, not most of the suite).
-MUESLI_TESTS = ("tests/agents/test_muesli.py", "tests/agents/test_muesli_options.py", "tests/agents/test_muesli_model.py")
+MUESLI_TESTS = ("tests/agents/test_muesli.py", "tests/agents/test_muesli_options.py", "tests/agents/test_muesli_model.py",
+                "tests/agents/test_muesli_diagnostics.py")
 SEQUENCE_TESTS = ("tests/buffers/test_sequences.py", "tests/buffers/test_online_queue.py",
                   "tests/buffers/test_sequence_bad_inputs.py", "tests/buffers/test_sequence_hlo.py")
 TESTS_OF: dict[str, tuple[str, ...]] = {
@@ -39,7 +40,8 @@ TESTS_OF: dict[str, tuple[str, ...]] = {
     "rl/learning/exploration.py": ("tests/agents/test_dqn.py", "tests/agents/test_r2d2.py"),
     "rl/learning/target_update.py": ("tests/rl/learning/test_target_update.py", "tests/agents/test_dqn.py",
                                      "tests/agents/test_muesli.py"),
-    "rl/runners/totals.py": ("tests/rl/runners/test_runner_options.py", "tests/rl/runners/test_faults.py", "tests/rl/runners/test_resume.py"),
+    "rl/runners/totals.py": ("tests/rl/runners/test_runner_options.py", "tests/rl/runners/test_faults.py", "tests/rl/runners/test_resume.py",
+                             "tests/scripts/test_bench_kernels.py"),
 }
 # Test files that run a module without importing it, run after the files that import it: the multi-process
 # tests (several jax processes in subprocesses), the PBT tests (the Anakin runner's event chunks, reached

@@ -121,6 +121,17 @@ def test_the_sample_is_seeded_sorted_and_skips_listed_equivalent_mutants(monkeyp
     assert names(picked) == names(first[:1] + first[2:]) + ten[6:7]
 
 
+def test_a_selection_named_by_hand_keeps_the_test_files_that_import_the_module_itself():
+    """TESTS_OF replaces the import rule's files: a test file importing the module by name (not its package)
+    still runs for its mutants, but for the modules most of the suite imports (their own tests only)."""
+    widely = {"agents/__init__.py", "rl/config.py", "agents/experiment.py"}
+    imports = {f.relative_to(ROOT).as_posix(): selection.imported(f.read_text())
+               for f in ROOT.glob("tests/**/test_*.py")}
+    for path, files in selection.TESTS_OF.items():
+        direct = {f for f, names in imports.items() if selection.module_of(path) in names}
+        assert path in widely or direct <= set(files), (path, sorted(direct - set(files)))
+
+
 def test_a_library_file_maps_to_the_test_files_that_import_it(tmp_path):
     tests = selection.test_map(ROOT, ["buffers/sumtree.py", "agents/muesli/targets.py", "rl/learning/targets.py"])
     assert tests["buffers/sumtree.py"][0] == "tests/buffers/test_sumtree.py"  # its own test file first
