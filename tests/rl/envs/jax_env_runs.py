@@ -39,6 +39,25 @@ def rollout(source, actions, key):
     return obs, out
 
 
+def step_ends(source, actions, key):
+    """`rollout`'s first obs and its steps' `terminated` and `truncated` `[T, E]`, stepped in one jitted scan that
+    returns no observation (XLA then drops the drawing of a library whose observation is a rendered frame)."""
+    k0, key = jax.random.split(key)
+    state, obs = jax.jit(source.reset)(k0)
+
+    def body(state, x):
+        state, ts = source.step(state, x[0], x[1])
+        return state, (ts.terminated, ts.truncated)
+
+    def scan(state, actions, key):  # the step keys as rollout splits them
+        keys = jax.lax.scan(lambda k, _: (jax.random.split(k)[0], jax.random.split(k)[1]), key, None,
+                            len(actions))[1]
+        return jax.lax.scan(body, state, (actions, keys))[1]
+
+    terminated, truncated = jax.jit(scan)(state, jnp.asarray(actions, jnp.int32), key)
+    return obs, np.asarray(terminated), np.asarray(truncated)
+
+
 def smoke(run_dir, env: list[str], agent: str = "dqn", total_steps: int = 256, *extra: str) -> dict:
     """Train `agent` (TINY) on `env` (overrides) for `total_steps` env steps per seed on 2 seeds of 4 envs,
     with a greedy evaluation half way and at the end; checks that training ran, logged finite losses and

@@ -12,7 +12,7 @@ from agents.setup import compose
 from rl.config import ConfigError
 from rl.envs import env_config, make_source
 from rl.envs.popgym_arcade_source import ends
-from tests.rl.envs.jax_env_runs import rollout, smoke
+from tests.rl.envs.jax_env_runs import rollout, smoke, step_ends
 
 popgym_arcade = pytest.importorskip("popgym_arcade")
 
@@ -37,7 +37,6 @@ def test_ends_tells_termination_from_truncation():
     np.testing.assert_array_equal(truncated, [False, False, True, False, False])
 
 
-@pytest.mark.optimized  # 126 steps of frames drawn pixel by pixel
 def test_count_recall_ends_by_its_cards_or_its_step_limit():
     """CountRecallEasy (26 cards, 126 steps): firing at every step plays the last card at step 26
     (terminated); never firing is truncated at step 126. Frames are the game's own (a reset == `reset_env` on
@@ -46,12 +45,10 @@ def test_count_recall_ends_by_its_cards_or_its_step_limit():
     assert (source.obs_shape, source.obs_dtype, source.num_actions, source.max_episode_steps) == (
         (128, 128, 3), np.uint8, 5, 126)
     key = jax.random.PRNGKey(0)
-    first, steps = rollout(source, np.tile([FIRE, 2], (126, 1)), key)
+    first, terminated, truncated = step_ends(source, np.tile([FIRE, 2], (126, 1)), key)
     env, params = popgym_arcade.make("CountRecallEasy")
-    env1_key = jax.random.split(jax.random.split(key)[0], 2)[1]  # env 1's key of the rollout's reset
+    env1_key = jax.random.split(jax.random.split(key)[0], 2)[1]  # env 1's key of the reset
     np.testing.assert_array_equal(first[1], jax.jit(env.reset_env)(env1_key, params)[0])
-    terminated = np.array([s.terminated for s in steps])
-    truncated = np.array([s.truncated for s in steps])
     assert np.flatnonzero(terminated[:, 0]).tolist() == [25, 51, 77, 103] and not truncated[:, 0].any()
     assert np.flatnonzero(truncated[:, 1]).tolist() == [125] and not terminated[:, 1].any()
 
