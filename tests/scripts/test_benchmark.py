@@ -352,3 +352,26 @@ def test_success_is_the_share_of_greedy_episodes_above_the_tasks_threshold(tmp_p
     md = write_markdown(cfg, {"steps": 10, "seeds": 2, "eval_episodes": 4}, plain,
                         [result_row(r) for r in plain], tmp_path / "p.md", "cmd")
     assert "success" not in md.read_text()
+
+
+def test_the_figure_title_fits_a_one_task_figure(tmp_path, monkeypatch):
+    """A suite's title (name, steps, seeds, spread) is wider than one 5-inch panel: it wraps inside the figure
+    instead of running past both edges."""
+    import matplotlib.figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from scripts.benchmark import Run, write_figure
+
+    run = Run("dqn", "memory_s8", tmp_path / "run", [], {"random": 0.17})
+    run.run_dir.mkdir()
+    (run.run_dir / "metrics.csv").write_text("env_steps,seed,episode_return,episodes\n100,0,0.5,2\n200,0,0.6,2\n")
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    title = "minigrid_memory: 4,000,000 env steps, 3 seed(s); mean and band (std) over seeds"
+    write_figure([run], tmp_path / "curves.png", "std", title)
+    fig = saved[0]
+    canvas = FigureCanvasAgg(fig)  # pyplot's close left the figure without one
+    canvas.draw()
+    (text,) = [t for t in fig.texts if t.get_text() == title]
+    box = text.get_window_extent(canvas.get_renderer())
+    assert 0 <= box.x0 < box.x1 <= fig.bbox.x1, (box, fig.bbox)
