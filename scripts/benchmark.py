@@ -530,7 +530,7 @@ def write_figure(runs: list[Run], path: Path, spread: str = "std", title: str = 
         ax.legend(fontsize=7, loc="best")
     for ax in axes.ravel()[len(tasks):]:
         ax.set_visible(False)
-    fig.suptitle(title or f"mean and band ({spread}) over seeds", fontsize=10, wrap=True)  # one panel: narrow
+    fig.suptitle(title or f"mean and band ({spread}) over seeds", fontsize=10, wrap=True)  # a panel can be narrower than it
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -27,13 +27,22 @@ TINY = {  # per agent: its option and overrides for a tiny network and a buffer 
 }
 
 
-def rollout(source, actions, key):
-    """Step `source` with `actions [T, E]` from a reset drawn from `key`: (first obs, [Timestep] of each step)."""
+def _reset(source, key, steps: int):
+    """A reset drawn from `key` and the keys of the `steps` steps after it: (state, first obs, [step keys])."""
     k0, key = jax.random.split(key)
     state, obs = jax.jit(source.reset)(k0)
-    step, out = jax.jit(source.step), []
-    for a in actions:
+    keys = []
+    for _ in range(steps):
         key, k = jax.random.split(key)
+        keys.append(k)
+    return state, obs, keys
+
+
+def rollout(source, actions, key):
+    """Step `source` with `actions [T, E]` from a reset drawn from `key`: (first obs, [Timestep] of each step)."""
+    state, obs, keys = _reset(source, key, len(actions))
+    step, out = jax.jit(source.step), []
+    for a, k in zip(actions, keys):
         state, ts = step(state, jnp.asarray(a, jnp.int32), k)
         out.append(jax.device_get(ts))
     return obs, out
@@ -42,19 +51,14 @@ def rollout(source, actions, key):
 def step_ends(source, actions, key):
     """`rollout`'s first obs and its steps' `terminated` and `truncated` `[T, E]`, stepped in one jitted scan that
     returns no observation (XLA then drops the drawing of a library whose observation is a rendered frame)."""
-    k0, key = jax.random.split(key)
-    state, obs = jax.jit(source.reset)(k0)
+    state, obs, keys = _reset(source, key, len(actions))
 
     def body(state, x):
-        state, ts = source.step(state, x[0], x[1])
+        state, ts = source.step(state, *x)
         return state, (ts.terminated, ts.truncated)
 
-    def scan(state, actions, key):  # the step keys as rollout splits them
-        keys = jax.lax.scan(lambda k, _: (jax.random.split(k)[0], jax.random.split(k)[1]), key, None,
-                            len(actions))[1]
-        return jax.lax.scan(body, state, (actions, keys))[1]
-
-    terminated, truncated = jax.jit(scan)(state, jnp.asarray(actions, jnp.int32), key)
+    scan = jax.jit(lambda state, xs: jax.lax.scan(body, state, xs)[1])
+    terminated, truncated = scan(state, (jnp.asarray(actions, jnp.int32), jnp.stack(keys)))
     return obs, np.asarray(terminated), np.asarray(truncated)
 
 
