@@ -104,6 +104,32 @@ def xla_flags(devices: int) -> str:
     return f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={devices}"
 
 
+# What a newcomer's console must not show: JAX backend notes, wandb's banner and sync hints, matplotlib's font
+# cache, gymnasium's precision warnings (envpool's spaces), absl lines.
+CONSOLE_NOISE = ("Unable to initialize backend", "libtpu", "precision lowered", "W&B", "Weights & Biases",
+                 "Tracking run", "wandb sync", "fontManager", "UserWarning", "Warning:", "[absl]")
+
+
+def newcomer_env() -> dict:
+    """The environment of a `python -m scripts...` process as a newcomer starts it: this repo importable, and none
+    of the suite's own quieting (WANDB_SILENT, PYTHONWARNINGS, WANDB_MODE: the config's mode decides)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_SILENT", "PYTHONWARNINGS", "WANDB_MODE")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    return env
+
+
+def assert_only_our_lines(proc, bar: str) -> None:
+    """A finished `scripts.train` run with the progress bar on printed only our lines: stderr holds the bar
+    (lines starting with `bar`), stdout our notes (the run dir among them); no CONSOLE_NOISE, no wandb or hydra
+    INFO lines."""
+    for noise in CONSOLE_NOISE:
+        assert noise not in proc.stdout + proc.stderr, (noise, proc.stdout, proc.stderr)
+    err = [line.strip() for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert err and all(line.startswith(bar) for line in err), proc.stderr
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("wandb:")]
+    assert "][INFO]" not in proc.stdout and "run dir:" in proc.stdout
+
+
 def run_probe(code: str, devices: int) -> dict:
     """Run `code` in a fresh Python with `devices` forced CPU devices; its last stdout line, parsed as JSON."""
     import json

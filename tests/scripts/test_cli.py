@@ -4,14 +4,13 @@ evaluate, and a clear error for a bad value. Each runs a few thousand env steps.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_DQN
+from tests.conftest import TINY_DQN, assert_only_our_lines, newcomer_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # TINY_DQN plus what makes it learn CartPole in ~16k env steps (greedy returns of 180-320 on seeds 0-3, where a
@@ -22,9 +21,7 @@ RANDOM_POLICY_RETURN = 22.0  # mean CartPole-v1 return of uniformly random actio
 
 
 def _run(*args: str, check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("WANDB_MODE", None)  # the config's mode decides (offline by default)
-    proc = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False,
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=newcomer_env(), capture_output=True, text=True, check=False,
                           timeout=600)
     if check and proc.returncode != 0:
         pytest.fail(f"{args} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -56,6 +53,12 @@ def test_train_writes_and_reports_outputs(trained):
     log = (run_dir / "train.log").read_text()  # the console's lines: one per logged step, the outputs
     assert log.count(" SPS (all seeds), ") == 3000 // 200 and f"run dir: {run_dir}" in log
     assert summary["run_dir"] == str(run_dir) and Path(summary["run_dir"]).is_absolute()
+
+
+def test_the_console_holds_only_our_lines(trained):
+    """As a newcomer runs it (wandb offline by the config, no WANDB_SILENT): stderr holds only the progress bar,
+    stdout only our notes: no JAX backend INFO line, no wandb banner or sync hint, no font-cache note."""
+    assert_only_our_lines(trained[1], "dqn/CartPole-v1:")
 
 
 def test_resume_then_evaluate(trained, tmp_path):
