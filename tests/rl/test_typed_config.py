@@ -72,3 +72,17 @@ def test_the_checkpoint_saves_the_composed_config_as_plain_containers(tmp_path):
     run(cfg, tmp_path)
     saved = checkpoint.read_meta(tmp_path)["config"]
     assert saved["agent"]["lr"] == cfg.agent.lr and saved["total_steps"] == 400
+
+
+def test_typing_a_section_leaves_the_shared_schema_as_it_was():
+    """rl.config builds each class's schema once and merges every section into a copy of it: a value, a
+    refused value or a nested section typed before never reaches the next section's instance."""
+    from agents.dqn import Config
+    from rl.config import ConfigError, to_dataclass
+
+    first = to_dataclass(Config, {"batch_size": 7, "optim": {"lr": 0.5}}, "agent")
+    with pytest.raises(ConfigError):
+        to_dataclass(Config, {"batch_size": "many"}, "agent")
+    second = to_dataclass(Config, {}, "agent")
+    assert (first.batch_size, first.optim.lr) == (7, 0.5)
+    assert (second.batch_size, second.optim.lr) == (Config().batch_size, Config().optim.lr) != (7, 0.5)
