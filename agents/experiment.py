@@ -16,6 +16,10 @@ process's set-up step (agents.setup.setup):
 * `build(cfg) -> runner`: the runner (`rl.runners.anakin.Anakin` for gymnax, `rl.runners.sebulba.Sebulba` for envpool)
   with its source and agent.
 
+`run` keeps the Anakin runners of the process's last `KEEP` runs: a later run whose programs are the same (the
+config but the keys only the host loop reads, `HOST_KEYS`; the same agent schedules' length) takes the runner
+and its compiled programs, so a resume or the same config trained again in one process compiles nothing.
+
 A population (`population.agent.<key>=[v1,v2,...]`, rl/learning/population.py: `members`) trains every
 combination of the values x `seeds` in one Anakin program; keys outside the agent's `POPULATION_KEYS`, other
 population sections and the envpool runner are refused with one line. Its metrics.csv rows carry each
@@ -35,7 +39,9 @@ e.g. requeued by SLURM into the same dir) is resumed from it automatically.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +52,7 @@ from agents import agent_config, make_agent, population_bounds, population_keys
 from agents.setup import compose, setup
 from rl.config import ConfigError, TrainConfig, check_resumable, check_top_level, current_names, resume_config
 from rl.envs import env_config, make_source, runner_of
-from rl.infra import checkpoint, memory
+from rl.infra import checkpoint, memory, xla_cpu
 from rl.learning.pbt import PBTConfig, pbt_config
 from rl.learning.population import Population, canonical
 from rl.learning.population import members as population_members
@@ -123,6 +129,42 @@ def build(cfg: TrainConfig | DictConfig):
     return Anakin(typed, agent, source)
 
 
+# Anakin runners of this process's latest runs by `_program_key`: a run whose programs would be the same (a
+# resume, the same config trained again from Python, the test suite's runs) takes the kept runner and with it
+# its traced and compiled programs. Sebulba runners hold actor threads and are built for each run.
+_KEPT: dict[str, Any] = {}
+KEEP = 4
+# TrainConfig keys no compiled program reads: the host loop's (rl/runners/loop.py) and the run's length, which
+# reaches the programs only as the agent's `run_updates` (its schedules' length, part of the key).
+HOST_KEYS = ("total_steps", "logger", "checkpoint", "distributed", "log_interval", "eval_episodes", "eval_interval",
+             "resume")
+
+
+def _program_key(runner) -> str:
+    """What an Anakin runner's programs are built from: its config but `HOST_KEYS`, the agent's `run_updates`,
+    the process count and the settings programs are lowered and compiled with."""
+    agent = runner.agent.agent if isinstance(runner.agent, Population) else runner.agent
+    cfg = {k: v for k, v in dataclasses.asdict(runner.cfg).items() if k not in HOST_KEYS}
+    return json.dumps([cfg, getattr(agent, "run_updates", None), jax.process_count(),
+                       jax.config.read("jax_disable_most_optimizations"), xla_cpu.threefry_unrolled()],
+                      sort_keys=True, default=str)
+
+
+def _runner(typed: TrainConfig):
+    """`build(typed)`, or the kept Anakin runner with its `_program_key` (its `cfg` then `typed`)."""
+    runner = build(typed)
+    if runner_of(typed.env) == "sebulba":
+        return runner
+    key = _program_key(runner)
+    kept = _KEPT.pop(key, None)
+    if kept is not None:
+        kept.cfg, kept.lineage, runner = typed, None, kept
+    _KEPT[key] = runner
+    while len(_KEPT) > KEEP:
+        del _KEPT[next(iter(_KEPT))]
+    return runner
+
+
 def _unfinished(run_dir: Path) -> bool:
     return checkpoint.latest_step(run_dir) is not None and not (run_dir / "summary.json").exists()
 
@@ -174,7 +216,7 @@ def run(cfg: DictConfig, run_dir: str | Path, overrides: list[str] | None = None
     run_dir = distributed.shared_run_dir(run_dir)  # several processes: process 0's, for one set of checkpoints
     cfg, run_dir, resume_from = prepare(cfg, run_dir, overrides)
     typed = validate(cfg)  # what everything below reads; `record` is what the run saves as its config
-    runner = build(typed)
+    runner = _runner(typed)
     need = memory.check(runner, typed)  # before anything is allocated or written
     population = runner.agent if isinstance(runner.agent, Population) else None
     logger = RunLogger(typed, run_dir, record=OmegaConf.to_container(cfg, resolve=True),
@@ -224,7 +266,7 @@ def _restored(run_dir: str | Path):
     checkpoint's state."""
     setup()
     cfg = OmegaConf.create(current_names(checkpoint.read_meta(run_dir)["config"]))
-    runner = build(cfg)
+    runner = _runner(validate(cfg))
     state, _ = checkpoint.restore(run_dir, runner.restore_target())
     return cfg, runner, state
 

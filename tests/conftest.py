@@ -87,6 +87,22 @@ def pytest_runtest_setup(item):
     xla_cpu.unroll_threefry(optimized)
 
 
+@pytest.fixture(autouse=True)
+def patched_runs_keep_no_runner(request):
+    """A test that patches (`monkeypatch`) starts and ends without the runners agents.experiment keeps from a
+    process's earlier runs: a runner built before its patches never serves it, nor one built under them another
+    test. Other tests share them as a user's runs in one process do (a run of the same programs compiles
+    nothing)."""
+    from agents import experiment
+
+    patched = "monkeypatch" in request.fixturenames
+    if patched:
+        experiment._KEPT.clear()
+    yield
+    if patched:
+        experiment._KEPT.clear()
+
+
 @pytest.fixture
 def tiny_cfg():
     """`tiny_cfg(*overrides)` -> the composed TINY_DQN config with extra overrides."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 
 LOOP_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+_UNROLLED = [False]  # whether the last `unroll_threefry` call put the unrolled lowering in effect
 
 
 def loop_options() -> dict:
@@ -40,4 +41,11 @@ def unroll_threefry(unrolled: bool = True) -> bool:
     if rule is None:
         return False
     mlir.register_lowering(threefry.threefry2x32_p, rule, platform="cpu")
+    _UNROLLED[0] = unrolled
     return True
+
+
+def threefry_unrolled() -> bool:
+    """Whether programs lowered now get the unrolled threefry (`unroll_threefry`): part of what they are, for
+    code that keeps compiled programs across runs (agents/experiment.py)."""
+    return _UNROLLED[0]

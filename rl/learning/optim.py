@@ -38,6 +38,12 @@ class OptimConfig:
             raise ValueError("optim.max_grad_norm, optim.eps and optim.weight_decay must be >= 0")
 
 
+def reads_run_length(cfg: OptimConfig) -> bool:
+    """Whether the optimiser's schedule lasts the whole run (`lr_schedule=linear`, `lr_decay_updates` 0): the one
+    way it reads the run's length (`make_optimizer`'s `run_updates`)."""
+    return cfg.lr_schedule == "linear" and not cfg.lr_decay_updates
+
+
 def make_optimizer(cfg: OptimConfig, lr=None, run_updates: int | None = None) -> optax.GradientTransformation:
     """The optax transformation for `cfg` (the lr schedule counts gradient steps). `lr`: the learning rate in
     place of `cfg.lr`, possibly traced (a population member's); the optimiser state is the same either way.

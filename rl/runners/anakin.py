@@ -85,17 +85,15 @@ class Anakin:
         ratio = ReplayRatio.of(agent, self.num_envs)  # one train step per iteration from learn_iter on
         self.steps_per_iter = ratio.env_steps_per_update
         self.learn_iter = ratio.first_update // self.steps_per_iter
-        self.total_iters = math.ceil(cfg.total_steps / self.steps_per_iter)
         self.train_from = (self.learn_iter - 1) * self.steps_per_iter  # env steps before the first train step
         # Several devices (cfg.mesh): same program, state placed by rl/infra/sharding.py; the host loop runs
         # under `session`, i.e. `sharding.use_mesh(self.mesh)`. One device: mesh and shardings are None.
         self.mesh = sharding.mesh_from_config(cfg.mesh)
         sharding.check_divisible(self.mesh, seeds=self.num_seeds, num_envs=self.num_envs)
-        self.state_shardings = None if self.mesh is None else sharding.runner_shardings(
-            self.mesh, jax.eval_shape(self._init_all, jnp.arange(self.num_seeds)))
-        # Accelerators wait on the host for each `lax.cond` predicate and each step of a loop of unknown
-        # length; XLA:CPU reads them for free and there a cond skips work: ~7% faster than selecting (DQN
-        # CartPole, 1 and 16 seeds, scripts.bench_train). Read when the chunk is traced.
+        self.state_shardings = None if self.mesh is None else sharding.runner_shardings(self.mesh,
+                                                                                        self._abstract_state)
+        # Accelerators wait on the host for each `lax.cond` predicate and each step of a loop of unknown length;
+        # XLA:CPU reads them for free, and there a cond skips work. Read when the chunk is traced.
         cpu = jax.default_backend() == "cpu"
         self.block = 1 if cpu else ACCELERATOR_BLOCK  # iterations per known-trip-count block (`_repeat`)
         self.select = not cpu  # the train step computed and selected, not under lax.cond

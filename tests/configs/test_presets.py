@@ -7,6 +7,7 @@ Composition only, but for the toy agent's short run."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -51,8 +52,17 @@ def _section(*overrides):
     return OmegaConf.to_container(compose(list(overrides)).agent, resolve=True)
 
 
+@functools.cache
+def _presets_yaml(agent: str) -> dict:
+    """agents/<agent>.yaml as plain containers (read once; callers copy what they change)."""
+    return OmegaConf.to_container(OmegaConf.load(agents.presets_file(sys.modules[f"agents.{agent}"])))
+
+
 def _families(agent: str) -> dict[str, str]:
-    return OmegaConf.load(agents.presets_file(sys.modules[f"agents.{agent}"])).families
+    return _presets_yaml(agent)["families"]
+
+
+FAMILIES = presets.env_families()  # env -> family, read once (the next test checks the reader)
 
 
 def test_every_shipped_env_declares_its_family_once():
@@ -85,7 +95,7 @@ def _expected_section(agent: str, preset: str | None) -> dict:
     module = sys.modules[f"agents.{agent}"]
     plain = json.loads(json.dumps(dataclasses.asdict(module.Config())))  # tuples -> lists, as the yaml has them
     section = {"lr": plain["optim"]["lr"], **plain} if "lr" in plain.get("optim", {}) else plain
-    presets_of = OmegaConf.to_container(OmegaConf.load(agents.presets_file(module))).get("presets", {})
+    presets_of = copy.deepcopy(_presets_yaml(agent).get("presets", {}))
 
     def parts(name):
         items = presets_of[name] if isinstance(presets_of[name], list) else [presets_of[name]]
@@ -102,9 +112,9 @@ def _expected_section(agent: str, preset: str | None) -> dict:
 def _option_env_pairs():
     """`agent=<agent>` on every env (its preset follows the env); a named preset on one env per source and
     family (its keys do not depend on the env)."""
-    kinds, families = {}, presets.env_families()
+    kinds = {}
     for env in ENVS:
-        kinds.setdefault((env.rpartition("/")[0], families[env]), env)
+        kinds.setdefault((env.rpartition("/")[0], FAMILIES[env]), env)
     return [(option, env) for option in AGENT_OPTIONS for env in (ENVS if option in AGENTS else kinds.values())]
 
 
@@ -115,7 +125,7 @@ def test_every_option_composes_to_the_defaults_with_its_preset_merged_over_them(
     holds every effective key (nothing left for the dataclass defaults to fill)."""
     agent, _, preset = option.partition("_")
     if not preset:
-        preset = _families(agent).get(presets.env_families()[env])
+        preset = _families(agent).get(FAMILIES[env])
     cfg = _cfg(option, env)
     section = OmegaConf.to_container(cfg.agent, resolve=True)
     assert section == _expected_section(agent, preset)
@@ -134,7 +144,7 @@ def test_the_expected_section_reads_the_preset():
 @pytest.mark.parametrize("agent", AGENTS)
 def test_agent_picks_the_family_preset(agent, env):
     cfg = _agent(agent, env)
-    fam = presets.env_families()[env]
+    fam = FAMILIES[env]
     assert cfg == _agent(f"{agent}_{_families(agent)[fam]}", env)  # the preset its yaml names, selected directly
     if fam == "vector":
         assert cfg == _agent(f"{agent}_small", env)  # the CartPole-tested small settings, exactly

@@ -30,7 +30,8 @@ TESTS_OF: dict[str, tuple[str, ...]] = {
     "rl/config.py": ("tests/configs/test_configs.py", "tests/configs/test_presets.py", "tests/test_option_coverage.py",
                      "tests/rl/runners/test_resume.py"),
     "agents/experiment.py": ("tests/rl/test_entry_points.py", "tests/rl/runners/test_runner_options.py", "tests/configs/test_configs.py",
-                         "tests/rl/runners/test_resume.py", "tests/rl/learning/test_population.py"),
+                         "tests/rl/runners/test_resume.py", "tests/rl/runners/test_runner_reuse.py",
+                         "tests/rl/learning/test_population.py"),
     "agents/muesli/agent.py": MUESLI_TESTS,  # the tests import the package, which re-exports these two
     "agents/muesli/targets.py": MUESLI_TESTS,
     "buffers/counted.py": SEQUENCE_TESTS,  # the sequence buffer's weight strategies and online queue

@@ -1,0 +1,75 @@
+"""agents.experiment keeps the Anakin runners of a process's last runs: a run whose programs are the same takes
+the kept runner and compiles nothing, and trains exactly as a fresh runner does; a run whose programs differ (a
+value the train step holds, the run length a schedule reads, the process's compile settings) builds its own."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from agents import experiment
+from agents.experiment import run
+from agents.setup import compose
+from rl.infra import xla_cpu
+from tests.conftest import TINY_DQN, compiles_of
+
+BASE = [*TINY_DQN, "seeds=2", "total_steps=400", "log_interval=200", "eval_episodes=1"]
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept():
+    """Each test starts with no runner kept from the worker's earlier tests."""
+    experiment._KEPT.clear()
+
+
+def _leaves(result):
+    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+            for x in jax.tree_util.tree_leaves(result["state"])]
+
+
+def test_a_run_of_the_same_programs_compiles_nothing_and_trains_as_a_fresh_runner(tmp_path):
+    run(compose(BASE), tmp_path / "first")
+    later = [*BASE, "total_steps=600", "log_interval=300", "eval_episodes=2", "checkpoint.interval=300"]
+    with compiles_of("_chunk") as compiles:
+        reused = run(compose(later), tmp_path / "reused")
+    assert not compiles, compiles
+    experiment._KEPT.clear()
+    with compiles_of("_chunk") as compiles:
+        fresh = run(compose(later), tmp_path / "fresh")
+    assert len(compiles) == 1, compiles
+    assert reused["env_steps"] == fresh["env_steps"] == 600
+    for x, y in zip(_leaves(reused), _leaves(fresh), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert (tmp_path / "reused" / "metrics.csv").read_text() == (tmp_path / "fresh" / "metrics.csv").read_text()
+    np.testing.assert_array_equal(reused["eval_returns"], fresh["eval_returns"])
+
+
+@pytest.mark.parametrize(("first", "then"), [
+    (["agent.optim.lr=1e-3"], ["agent.optim.lr=2e-3"]),  # a value the train step holds
+    (["agent.optim.lr_schedule=linear"], ["agent.optim.lr_schedule=linear", "total_steps=600"]),  # its length
+    (["seeds=2"], ["seeds=3"]),  # the state's shapes
+], ids=["lr", "schedule-length", "seeds"])
+def test_a_run_whose_programs_differ_builds_its_own(tmp_path, first, then):
+    run(compose([*BASE, *first]), tmp_path / "first")
+    with compiles_of("_chunk") as compiles:
+        run(compose([*BASE, *then]), tmp_path / "then")
+    assert len(compiles) == 1, compiles
+
+
+@pytest.mark.parametrize("setting", ["optimizations", "threefry"])
+def test_a_run_under_other_compile_settings_builds_its_own(tmp_path, setting):
+    run(compose(BASE), tmp_path / "first")
+    unoptimised = jax.config.read("jax_disable_most_optimizations")
+    unrolled = xla_cpu.threefry_unrolled()
+    try:
+        if setting == "optimizations":
+            jax.config.update("jax_disable_most_optimizations", not unoptimised)
+        else:
+            assert xla_cpu.unroll_threefry(not unrolled)
+        with compiles_of("_chunk") as compiles:
+            run(compose(BASE), tmp_path / "then")
+        assert len(compiles) == 1, compiles
+    finally:
+        jax.config.update("jax_disable_most_optimizations", unoptimised)
+        xla_cpu.unroll_threefry(unrolled)
