@@ -1,6 +1,7 @@
 """agents.experiment keeps the Anakin runners of a process's last runs: a run whose programs are the same takes
 the kept runner and compiles nothing, and trains exactly as a fresh runner does; a run whose programs differ (a
-value the train step holds, the run length a schedule reads, the process's compile settings) builds its own."""
+value the train step holds, the run length a schedule reads, the process's compile settings) has another key
+(`_program_key`) and builds its own."""
 
 from __future__ import annotations
 
@@ -45,31 +46,41 @@ def test_a_run_of_the_same_programs_compiles_nothing_and_trains_as_a_fresh_runne
     np.testing.assert_array_equal(reused["eval_returns"], fresh["eval_returns"])
 
 
-@pytest.mark.parametrize(("first", "then"), [
-    (["agent.optim.lr=1e-3"], ["agent.optim.lr=2e-3"]),  # a value the train step holds
-    (["agent.optim.lr_schedule=linear"], ["agent.optim.lr_schedule=linear", "total_steps=600"]),  # its length
-    (["seeds=2"], ["seeds=3"]),  # the state's shapes
-], ids=["lr", "schedule-length", "seeds"])
-def test_a_run_whose_programs_differ_builds_its_own(tmp_path, first, then):
-    run(compose([*BASE, *first]), tmp_path / "first")
-    with compiles_of("_chunk") as compiles:
-        run(compose([*BASE, *then]), tmp_path / "then")
-    assert len(compiles) == 1, compiles
+def _key(*overrides: str) -> str:
+    return experiment._program_key(experiment.build(compose([*BASE, *overrides])))
+
+
+def test_runs_differing_only_in_what_the_host_loop_reads_share_a_key():
+    assert _key() == _key("total_steps=600", "log_interval=300", "eval_episodes=2", "eval_interval=200",
+                          "checkpoint.interval=300", "resume=null")
+
+
+@pytest.mark.parametrize("then", [
+    ["agent.optim.lr=2e-3"],  # a value the train step holds
+    ["seeds=3"],  # the state's shapes
+    ["on_nonfinite=skip"],  # the guard around the train step
+], ids=["lr", "seeds", "on_nonfinite"])
+def test_a_run_whose_programs_differ_has_its_own_key(then):
+    assert _key() != _key(*then)
+
+
+def test_the_run_length_a_schedule_reads_is_in_the_key():
+    linear = "agent.optim.lr_schedule=linear"
+    assert _key(linear) != _key(linear, "total_steps=600")
+    assert _key(linear, "agent.optim.lr_decay_updates=50") == _key(linear, "agent.optim.lr_decay_updates=50",
+                                                                   "total_steps=600")  # a set length: shared
 
 
 @pytest.mark.parametrize("setting", ["optimizations", "threefry"])
-def test_a_run_under_other_compile_settings_builds_its_own(tmp_path, setting):
-    run(compose(BASE), tmp_path / "first")
-    unoptimised = jax.config.read("jax_disable_most_optimizations")
-    unrolled = xla_cpu.threefry_unrolled()
+def test_the_compile_settings_are_in_the_key(setting):
+    before = _key()
+    unoptimised, unrolled = jax.config.read("jax_disable_most_optimizations"), xla_cpu.threefry_unrolled()
     try:
         if setting == "optimizations":
             jax.config.update("jax_disable_most_optimizations", not unoptimised)
         else:
             assert xla_cpu.unroll_threefry(not unrolled)
-        with compiles_of("_chunk") as compiles:
-            run(compose(BASE), tmp_path / "then")
-        assert len(compiles) == 1, compiles
+        assert _key() != before
     finally:
         jax.config.update("jax_disable_most_optimizations", unoptimised)
         xla_cpu.unroll_threefry(unrolled)
