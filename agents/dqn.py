@@ -28,7 +28,7 @@ from buffers.priority_math import importance_weights
 from rl.infra import sharding
 from rl.learning.agent import StepFormat, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
-from rl.learning.optim import OptimConfig, make_optimizer, reads_run_length
+from rl.learning.optim import OptimConfig, make_optimizer, schedule_run_updates
 from rl.learning.population import hyperparams
 from rl.learning.replay_ratio import ReplayRatio
 from rl.learning.schedules import linear
@@ -113,10 +113,8 @@ class DQN(StepFormat):
         self.learning_starts = max(cfg.learning_starts, cfg.batch_size)
         self.batch_size = cfg.batch_size
         self.env_steps_per_update = num_envs * cfg.train_interval / cfg.updates_per_train
-        # The run's gradient steps where the lr schedule lasts the run (None otherwise: the programs do not
-        # depend on the run's length, so runs of another length can share them: agents/experiment.py).
-        self.run_updates = (ReplayRatio.of(self, num_envs).run_updates(total_steps)
-                            if total_steps and reads_run_length(cfg.optim) else None)
+        self.run_updates = schedule_run_updates(
+            cfg.optim, ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None)
         self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
         self._epsilon = linear(cfg.epsilon_start, cfg.epsilon_end,
                                round(cfg.epsilon_decay_steps / self.env_steps_per_update))

@@ -37,7 +37,7 @@ from buffers.sequences import make_sequence_buffer
 from rl.infra import sharding
 from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.exploration import epsilon_greedy
-from rl.learning.optim import OptimConfig, make_optimizer, reads_run_length
+from rl.learning.optim import OptimConfig, make_optimizer, schedule_run_updates
 from rl.learning.population import hyperparams
 from rl.learning.replay_ratio import ReplayRatio
 from rl.learning.target_update import TargetNetState, update_target
@@ -171,10 +171,8 @@ class R2D2(StepFormat):
         self.train_interval, self.batch_size = cfg.train_interval, cfg.batch_size
         # a full sequence must exist in every row before sampling can start
         self.learning_starts = max(cfg.learning_starts, self.num_envs * cfg.sequence_length)
-        # The run's gradient steps where the lr schedule lasts the run (None otherwise: the programs do not
-        # depend on the run's length, so runs of another length can share them: agents/experiment.py).
-        self.run_updates = (ReplayRatio.of(self, num_envs).run_updates(total_steps)
-                            if total_steps and reads_run_length(cfg.optim) else None)
+        self.run_updates = schedule_run_updates(
+            cfg.optim, ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None)
         self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
 
     def hyperparams(self, hparams: dict | None = None) -> dict:

@@ -167,7 +167,7 @@ def bench_runner(overrides: list[str], seeds: int, steps: int, learner_steps: in
     cfg = compose([*overrides, f"seeds={seeds}", f"total_steps={steps}", "logger=none"])
     validate(cfg)
     runner = build(cfg)
-    iters = runner.rounded_total(steps) // runner.steps_per_iter
+    iters = runner.total_iters
     state, it = _block(runner.init())
     t0 = time.perf_counter()
     compiled = runner.chunk.lower(state, it, runner.zero_totals(state), jnp.int32(iters)).compile()

@@ -149,7 +149,7 @@ def bench_case(name: str, overrides: list[str], env: str, seeds: int, steps: int
     validate(cfg)
     runner = build(cfg)
     agent = runner.agent
-    halves = Halves(runner, seeds, runner.rounded_total(cfg.total_steps) // runner.steps_per_iter, steps)
+    halves = Halves(runner, seeds, runner.total_iters, steps)
     from rl.infra import sharding
 
     with sharding.use_mesh(runner.mesh):

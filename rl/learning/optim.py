@@ -38,10 +38,11 @@ class OptimConfig:
             raise ValueError("optim.max_grad_norm, optim.eps and optim.weight_decay must be >= 0")
 
 
-def reads_run_length(cfg: OptimConfig) -> bool:
-    """Whether the optimiser's schedule lasts the whole run (`lr_schedule=linear`, `lr_decay_updates` 0): the one
-    way it reads the run's length (`make_optimizer`'s `run_updates`)."""
-    return cfg.lr_schedule == "linear" and not cfg.lr_decay_updates
+def schedule_run_updates(cfg: OptimConfig, run_updates: int | None) -> int | None:
+    """`run_updates` (the run's gradient steps) where the schedule lasts the whole run (`lr_schedule=linear`,
+    `lr_decay_updates` 0), else None: an agent whose programs read the run's length only here holds it only
+    then, so runs of other lengths share its programs (agents/experiment.py keeps them)."""
+    return run_updates if cfg.lr_schedule == "linear" and not cfg.lr_decay_updates else None
 
 
 def make_optimizer(cfg: OptimConfig, lr=None, run_updates: int | None = None) -> optax.GradientTransformation:

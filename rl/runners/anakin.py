@@ -99,6 +99,8 @@ class Anakin:
         self.select = not cpu  # the train step computed and selected, not under lax.cond
         self._evaluators = {}  # episodes -> jitted greedy evaluation (`evaluate`)
 
+    total_iters = property(lambda self: math.ceil(self.cfg.total_steps / self.steps_per_iter))  # of the whole run
+
     # --- state --------------------------------------------------------------------------------------
     def _init_one(self, key: jax.Array) -> RunnerState:
         k_agent, k_env, k_run = jax.random.split(key, 3)

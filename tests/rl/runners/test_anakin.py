@@ -69,7 +69,7 @@ def test_recurrent_carry_is_reset_on_done(tiny_cfg):
     cfg = tiny_cfg("num_envs=3", "seeds=2", "total_steps=120")
     runner = Anakin(validate(cfg), agent=CountingAgent(3))
     state, it = runner.init()
-    state, it, out = runner.chunk(state, it, runner.zero_totals(state), runner.rounded_total(120) // runner.steps_per_iter)
+    state, it, out = runner.chunk(state, it, runner.zero_totals(state), runner.total_iters)
     data = jax.device_get(jax.jit(lambda rows: rows.data)(state.buffer.rows))
     written = np.asarray(state.buffer.rows.written)
     assert written.shape == (2, 3) and (written == 120 // 3).all()

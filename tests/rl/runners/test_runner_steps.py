@@ -82,7 +82,7 @@ def test_anakin_writes_the_steps_and_the_carry_before_acting():
                    "num_envs=3", "seeds=2", "total_steps=300"])
     runner = Anakin(validate(cfg), RecordingAgent(3, 128))
     state, it = runner.init()
-    state, it, _ = runner.chunk(state, it, runner.zero_totals(state), runner.rounded_total(300) // runner.steps_per_iter)
+    state, it, _ = runner.chunk(state, it, runner.zero_totals(state), runner.total_iters)
     for s in range(2):
         rows = jax.tree_util.tree_map(lambda x, s=s: x[s], state.buffer.rows.data)
         check_rows(rows, np.asarray(state.buffer.rows.written[s]))
