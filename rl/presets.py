@@ -114,15 +114,19 @@ def register_agent(name: str, schema: type, presets_file: Path,
     """Store agent `name`'s options in hydra's ConfigStore and return their names: `agent=<name>_<preset>` for
     every preset of `presets_file` (on any env), and `agent=<name>`, which takes the preset `families` names for
     the env's family: one `_agent_by_env/<name>/<env>` node per env config (`families`: env -> family, read from
-    configs/env by default), chosen through the defaults list's `${env}`. Each option is a whole agent section
-    (`agent_presets`), so hydra refuses unknown keys and the composed config shows every effective key."""
+    configs/env by default), chosen through the defaults list's `${env}`, naming its family's
+    `_agent_by_family/<name>/<family>` section (each section is stored once per family, not once per env:
+    storing copies it, in every process). Each section is a whole agent section (`agent_presets`), so hydra
+    refuses unknown keys and the composed config shows every effective key."""
     sections, by_family, defaults = agent_presets(schema, presets_file)
     store = ConfigStore.instance()
     for preset, section in sections.items():
         store.store(group="agent", name=f"{name}_{preset}", node=section)
+    for family in ENV_FAMILIES:
+        section = sections[by_family[family]] if family in by_family else defaults
+        store.store(group=f"_agent_by_family/{name}", name=family, node=section)
     for env, family in (env_families() if families is None else families).items():
         group, _, option = f"_agent_by_env/{name}/{env}".rpartition("/")
-        section = sections[by_family[family]] if family in by_family else defaults
-        store.store(group=group, name=option, node=section)
+        store.store(group=group, name=option, node={"defaults": [{f"/_agent_by_family/{name}@_here_": family}]})
     store.store(group="agent", name=name, node={"defaults": [{f"/_agent_by_env/{name}@_here_": "${env}"}]})
     return [name, *(f"{name}_{preset}" for preset in sections)]

@@ -3,7 +3,8 @@
     python -m scripts.bench_soak --minutes 60 [--series soak.csv] [hydra overrides, default the DQN CartPole run]
 
 Trains through the whole host loop (rl/runners/loop.py: sub-chunks, logging, metrics.csv, periodic
-checkpoints) into a temporary run dir for `--minutes` of wall time, then stops it the way a preemption
+checkpoints) into a temporary run dir for `--minutes` of wall time after the first log interval (which
+compiles; a busy machine's compile time does not shorten the soak), then stops it the way a preemption
 does (SIGTERM to itself: the sub-chunk in progress ends, a checkpoint is written). At every log (every
 `log_interval` env steps, default 10,000 here) it records the process's resident memory (RSS, from
 /proc/self/statm) and the seconds since the previous log (`--series`: one CSV row `interval, seconds, rss_mb`
@@ -88,11 +89,12 @@ def main(argv: list[str] | None = None) -> dict:
         last[0] = now
         if series:
             series.write(f"{len(records)},{records[-1][0]:.4f},{records[-1][1]:.2f}\n")
+        if len(records) == 1:
+            timer.start()
         return log(self, env_steps, metrics)
 
     RunLogger.log = timed_log
     timer = threading.Timer(args.minutes * 60, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
     env_steps = 0
     try:
         with tempfile.TemporaryDirectory() as run_dir:
