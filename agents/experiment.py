@@ -135,7 +135,8 @@ def build(cfg: TrainConfig | DictConfig):
 _KEPT: dict[str, Any] = {}
 KEEP = 4
 # TrainConfig keys no compiled program reads: the host loop's (rl/runners/loop.py) and the run's length, which
-# reaches the programs only as the agent's `run_updates` (its schedules' length, part of the key).
+# reaches the programs only as the agent's `run_updates` (its schedules' length, part of the key) or, in a
+# population, through its members' values (a population run's key keeps `total_steps`).
 HOST_KEYS = ("total_steps", "logger", "checkpoint", "distributed", "log_interval", "eval_episodes", "eval_interval",
              "resume")
 
@@ -144,7 +145,8 @@ def _program_key(runner) -> str:
     """What an Anakin runner's programs are built from: its config but `HOST_KEYS`, the agent's `run_updates`,
     the process count and the settings programs are lowered and compiled with."""
     agent = runner.agent.agent if isinstance(runner.agent, Population) else runner.agent
-    cfg = {k: v for k, v in dataclasses.asdict(runner.cfg).items() if k not in HOST_KEYS}
+    cfg = {k: v for k, v in dataclasses.asdict(runner.cfg).items()
+           if k not in HOST_KEYS or (k == "total_steps" and runner.cfg.population)}
     return json.dumps([cfg, getattr(agent, "run_updates", None), jax.process_count(),
                        jax.config.read("jax_disable_most_optimizations"), xla_cpu.threefry_unrolled()],
                       sort_keys=True, default=str)

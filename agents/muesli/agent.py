@@ -44,10 +44,12 @@ from flax import struct
 
 from agents.muesli.networks import MuesliNetwork, MuesliNetworkConfig, make_network
 from agents.muesli.targets import (
+    NEEDS_RUN_LENGTH,
     Targets,
     advantage_scale,
     cmpo_log_probs,
     diagnostics,
+    entropy_weight_at,
     masked_mean,
     mixed_prior_log_probs,
     unroll_indices,
@@ -57,7 +59,7 @@ from buffers.sequences import make_sequence_buffer
 from rl.infra import sharding
 from rl.learning.agent import StepFormat, episode_done, standard_step_spec
 from rl.learning.categorical import CategoricalSupport
-from rl.learning.optim import OptimConfig, make_optimizer
+from rl.learning.optim import OptimConfig, make_optimizer, schedule_run_updates
 from rl.learning.population import hyperparams
 from rl.learning.replay_ratio import ReplayRatio
 from rl.learning.retrace import retrace_coefficients, retrace_targets
@@ -122,12 +124,11 @@ class Config:
         check(self.support_max > self.support_min, "support_max must be > support_min")
         check(self.batch_size >= 1 and self.sequence_length >= 2,
               f"batch_size >= 1 and sequence_length >= 2 needed, got {self.batch_size}, {self.sequence_length}")
-        check(0.0 <= self.replay_fraction <= 1.0, f"replay_fraction must be in [0, 1], got {self.replay_fraction}")
+        for key in ("replay_fraction", "discount", "retrace_lambda", "entropy_end_fraction", "dynamics_grad_scale"):
+            check(0.0 <= getattr(self, key) <= 1.0, f"{key} must be in [0, 1], got {getattr(self, key)}")
         check(self.train_interval >= 1, f"train_interval must be >= 1, got {self.train_interval}")
         check(self.learning_starts >= 0, f"learning_starts must be >= 0, got {self.learning_starts}")
         check(self.unroll_steps >= 1, f"unroll_steps must be >= 1, got {self.unroll_steps}")
-        check(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        check(0.0 <= self.retrace_lambda <= 1.0, f"retrace_lambda must be in [0, 1], got {self.retrace_lambda}")
         check(0.0 < self.target_update_rate <= 1.0, f"target_update_rate must be in (0, 1], got "
                                                     f"{self.target_update_rate}")
         check(0.0 <= self.adv_var_decay < 1.0, f"adv_var_decay must be in [0, 1), got {self.adv_var_decay}")
@@ -135,10 +136,6 @@ class Config:
         check(0.0 <= self.prior_uniform_mix < 1.0, f"prior_uniform_mix must be in [0, 1), got "
                                                    f"{self.prior_uniform_mix}")
         check(self.entropy_weight >= 0.0, f"entropy_weight must be >= 0, got {self.entropy_weight}")
-        check(0.0 <= self.entropy_end_fraction <= 1.0, f"entropy_end_fraction must be in [0, 1], got "
-                                                       f"{self.entropy_end_fraction}")
-        check(0.0 <= self.dynamics_grad_scale <= 1.0, f"dynamics_grad_scale must be in [0, 1], got "
-                                                     f"{self.dynamics_grad_scale}")
 
 
 @struct.dataclass
@@ -166,11 +163,13 @@ class Muesli(StepFormat):
         self.learning_starts = cfg.learning_starts
         self.network = make_network(self.obs_shape, self.num_actions, cfg.num_atoms, cfg.network)
         self.support = CategoricalSupport(cfg.num_atoms, cfg.support_min, cfg.support_max)
-        self.run_updates = ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None
+        # The run's train steps; `run_updates` only where this config's programs read them (agents/experiment.py)
+        self.decay_updates = ReplayRatio.of(self, num_envs).run_updates(total_steps) if total_steps else None
+        decays = cfg.entropy_end_fraction != 1.0
+        self.run_updates = self.decay_updates if decays else schedule_run_updates(cfg.optim, self.decay_updates)
         self.optimizer = make_optimizer(cfg.optim, run_updates=self.run_updates)
-        if cfg.entropy_end_fraction != 1.0 and not self.run_updates:
-            raise ValueError("agent.entropy_end_fraction decays the entropy bonus over the run, which only a run "
-                             "knows: build the agent with total_steps (agents.experiment.build does)")
+        if decays and not self.run_updates:
+            raise ValueError(NEEDS_RUN_LENGTH)
         capacity_per_env = max(cfg.buffer_size // self.num_envs, cfg.sequence_length + 1)
         self.online_batch = round(cfg.batch_size * (1.0 - cfg.replay_fraction))
         self.buffer = make_sequence_buffer(
@@ -223,8 +222,8 @@ class Muesli(StepFormat):
     def update(self, state: MuesliState, batch: dict, valid: jax.Array, hparams: dict | None = None):
         """One learner update on sequences `batch` `[B, L, ...]` with validity `valid` `[B, L]`."""
         hp = self.hyperparams(hparams)
-        progress = jnp.minimum(state.updates / self.run_updates, 1.0) if self.run_updates else 0.0
-        hp = {**hp, "entropy_weight": hp["entropy_weight"] * (1.0 - (1.0 - hp["entropy_end_fraction"]) * progress)}
+        if self.cfg.entropy_end_fraction != 1.0 or "entropy_end_fraction" in (hparams or {}):
+            hp = {**hp, "entropy_weight": entropy_weight_at(hp, state.updates, self.decay_updates)}
         targets, adv_ema, target_metrics = self.targets(state, batch, valid, hp)
         grads, metrics = jax.grad(self.loss, has_aux=True)(state.params, targets, batch, valid, hp)
         optimizer = (self.optimizer if "optim.lr" not in (hparams or {})

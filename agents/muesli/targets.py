@@ -4,6 +4,7 @@
 * `advantage_scale`: running (EMA) moments of the Retrace advantages and the scale that normalises them.
 * `unroll_indices` / `unroll_masks` / `episode_index`: which model-unroll targets exist in a sequence.
 * `mixed_prior_log_probs`: the CMPO prior with a uniform floor.
+* `entropy_weight_at`: the entropy bonus after some train steps of its decay over the run.
 * `diagnostics`: whether CMPO and the model do anything (KL of CMPO to its prior, the spread of the model's
   advantages and rewards over actions, the model advantage's agreement with Retrace's).
 * `Targets`: what the loss needs from the target network.
@@ -44,6 +45,19 @@ def mixed_prior_log_probs(prior_logits: jax.Array, uniform_mix) -> jax.Array:
     num_actions = prior_logits.shape[-1]
     log_prior = jax.nn.log_softmax(prior_logits, axis=-1)
     return jnp.logaddexp(jnp.log1p(-uniform_mix) + log_prior, jnp.log(uniform_mix / num_actions))
+
+
+NEEDS_RUN_LENGTH = ("agent.entropy_end_fraction decays the entropy bonus over the run, which only a run knows: "
+                    "build the agent with total_steps (agents.experiment.build does)")
+
+
+def entropy_weight_at(hp: dict, updates: jax.Array, run_updates: int | None) -> jax.Array:
+    """`hp["entropy_weight"]` after `updates` train steps, linear over the run's `run_updates` to
+    `hp["entropy_end_fraction"]` of it (hp: the config's values or a population member's)."""
+    if not run_updates:
+        raise ValueError(NEEDS_RUN_LENGTH)
+    progress = jnp.minimum(updates / run_updates, 1.0)
+    return hp["entropy_weight"] * (1.0 - (1.0 - hp["entropy_end_fraction"]) * progress)
 
 
 def masked_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:

@@ -71,6 +71,22 @@ def test_the_run_length_a_schedule_reads_is_in_the_key():
                                                                    "total_steps=600")  # a set length: shared
 
 
+MUESLI = ["agent=muesli_small", "env=cartpole", "logger=none", "agent.batch_size=4", "agent.learning_starts=64"]
+
+
+def test_a_muesli_run_holds_its_length_only_where_a_decay_reads_it():
+    """Muesli's programs read the run's length for a linear lr over the run and for the entropy bonus's decay,
+    the config's or a population member's (the agent cannot know which members decay: a population's key keeps
+    the length); a run of another length shares the rest."""
+    def key(*overrides):
+        return experiment._program_key(experiment.build(compose([*MUESLI, *overrides])))
+
+    assert key("total_steps=400") == key("total_steps=800")
+    for decays in (["agent.optim.lr_schedule=linear"], ["agent.entropy_end_fraction=0.5"],
+                   ["population.agent.entropy_end_fraction=[1.0,0.5]"]):
+        assert key("total_steps=400", *decays) != key("total_steps=800", *decays), decays
+
+
 @pytest.mark.parametrize("setting", ["optimizations", "threefry"])
 def test_the_compile_settings_are_in_the_key(setting):
     before = _key()
