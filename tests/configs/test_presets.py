@@ -115,11 +115,13 @@ def _kind(env: str) -> str:
     return next(e for e in ENVS if (e.rpartition("/")[0], FAMILIES[e]) == (env.rpartition("/")[0], FAMILIES[env]))
 
 
+KINDS = sorted({_kind(e) for e in ENVS})  # one env per source and family
+
+
 def _option_env_pairs():
     """`agent=<agent>` on every env (its preset follows the env); a named preset on one env per source and
-    family (`_kind`)."""
-    return [(option, env) for option in AGENT_OPTIONS
-            for env in (ENVS if option in AGENTS else sorted({_kind(e) for e in ENVS}))]
+    family (`KINDS`)."""
+    return [(option, env) for option in AGENT_OPTIONS for env in (ENVS if option in AGENTS else KINDS)]
 
 
 @pytest.mark.parametrize(("option", "env"), _option_env_pairs())
@@ -193,7 +195,7 @@ def test_tested_settings_are_kept():
         compose(["agent=dqn_small", "env=breakout-minatar", *minatar_dqn]).agent)
 
 
-@pytest.mark.parametrize("env", sorted({_kind(e) for e in ENVS}))
+@pytest.mark.parametrize("env", KINDS)
 @pytest.mark.parametrize("agent", AGENTS)
 def test_paper_override_gives_the_paper_settings_on_any_env(agent, env):
     paper = _agent(f"{agent}_paper", env)
