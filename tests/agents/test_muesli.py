@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax
-from hydra import compose, initialize
 
 from agents import agent_config, make_agent
 from agents.muesli import Config, cmpo_log_probs, episode_index, unroll_indices, unroll_masks
 from agents.muesli.targets import advantage_scale
+from agents.setup import compose
 from rl.config import ConfigError
 
 SMALL = {"name": "muesli", "batch_size": 8, "sequence_length": 6, "unroll_steps": 3, "num_atoms": 21,
@@ -574,11 +574,10 @@ def test_bad_config_is_rejected_with_the_key_named():
 
 
 def test_hydra_presets():
-    with initialize(version_base="1.3", config_path="../../configs"):
-        paper = agent_config(compose("config", overrides=["agent=muesli", "env=envpool/pong"]).agent)
-        minatar = agent_config(compose("config", overrides=["agent=muesli", "env=breakout-minatar"]).agent)
-        cartpole = agent_config(compose("config", overrides=["agent=muesli", "env=cartpole"]).agent)
-        small = agent_config(compose("config", overrides=["agent=muesli_small", "env=breakout-minatar"]).agent)
+    paper = agent_config(compose(["agent=muesli", "env=envpool/pong"]).agent)
+    minatar = agent_config(compose(["agent=muesli", "env=breakout-minatar"]).agent)
+    cartpole = agent_config(compose(["agent=muesli", "env=cartpole"]).agent)
+    small = agent_config(compose(["agent=muesli_small", "env=breakout-minatar"]).agent)
     assert paper == Config()  # the paper preset of agents/muesli.yaml is the dataclass defaults
     assert (paper.batch_size, paper.sequence_length, paper.num_atoms, paper.replay_fraction) == (96, 30, 601, 0.75)
     assert (paper.discount, paper.retrace_lambda, paper.target_update_rate, paper.optim.lr) == (0.995, 0.95, 0.1, 3e-4)
@@ -594,7 +593,6 @@ def test_cartpole_reaches_475_within_500k_steps_on_3_seeds(tmp_path):
     log interval (10k env steps) reaches 475 within 500k env steps."""
     import csv
 
-    from agents.setup import compose
     from scripts.train import run
 
     cfg = compose(["agent=muesli", "env=cartpole", "seeds=3", "total_steps=500000", "logger=none",
@@ -616,7 +614,6 @@ def test_pong_smoke_sebulba(tmp_path):
     runner: episodes are logged and the losses of its updates are finite."""
     import csv
 
-    from agents.setup import compose
     from scripts.train import run
 
     cfg = compose(["agent=muesli", "env=envpool/pong", "num_envs=8", "env.envs_per_recv=4", "total_steps=20000",
